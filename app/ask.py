@@ -1,0 +1,143 @@
+"""Asking a question about whole documents, with page citations.
+
+The prompt holds the document's text with page markers (see prompting.py). The
+answer streams; its citations are the pages it relied on: the pages it cites
+itself ([p. N]) and the passages of the context that best match what it says
+(BM25 over the document's chunks).
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from app.engine.backend import SamplingParams, stream_text
+from app.prompting import TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context
+from app.store import Store
+
+SYSTEM_PROMPT = (
+    "You are eLLM, an assistant that answers questions about the documents given to you. "
+    "Answer from the documents only, clearly and briefly. After each fact, cite the page it comes "
+    "from as [p. N]. If the documents do not contain the answer, say so."
+)
+MAX_CITATIONS = 3
+PASSAGE_CHARS = 400
+_CITE = re.compile(r"\[(?:p|pp|page|pages)\.?\s*(\d+)(?:\s*[-–,]\s*(\d+))?\]|\bpages?\s+(\d+)\b", re.IGNORECASE)
+
+
+class AskError(Exception):
+    pass
+
+
+@dataclass
+class Answer:
+    question: str
+    answer: str
+    citations: list[dict]
+    timings: dict
+    plan: ContextPlan
+    engine: str
+    model: str
+    doc_ids: list[int]
+    cancelled: bool = False
+    answer_id: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"answer": self.answer, "citations": self.citations, "timings": self.timings,
+                "engine": self.engine, "model": self.model, "documents": self.doc_ids,
+                "context": self.plan.as_dict(), "cancelled": self.cancelled, "answer_id": self.answer_id,
+                **self.extra}
+
+
+def build_messages(question: str, context_text: str) -> list[dict]:
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"{context_text}\n\nQuestion: {question}"},
+    ]
+
+
+def ask(store: Store, backend, question: str, doc_ids: list[int], params: SamplingParams,
+        model_name: str = "", on_text: Callable[[str], None] | None = None,
+        cancel: Callable[[], bool] | None = None, save: bool = True) -> Answer:
+    """Answer ``question`` about ``doc_ids``; ``on_text`` receives the answer as it streams."""
+    question = question.strip()
+    if not question:
+        raise AskError("the question is empty")
+    t_start = time.perf_counter()
+    count = lambda text: len(backend.tokenize(text, add_bos=False, special=False))  # noqa: E731
+    pages = load_pages(store, doc_ids, count)
+    if not pages:
+        raise AskError("the document has no text in the store; ingest it again (see `ellm docs` for its status)")
+    fixed = count(SYSTEM_PROMPT) + count(question) + TEMPLATE_OVERHEAD
+    budget = backend.n_ctx - params.max_tokens - fixed
+    if budget < 64:
+        raise AskError(f"the context of {backend.n_ctx} tokens leaves no room for the document after the "
+                       f"question and {params.max_tokens} answer tokens; raise the context length or lower max tokens")
+    plan = plan_context(store, pages, budget, question)
+    prompt_text = backend.apply_chat_template(build_messages(question, format_pages(plan.pages)))
+    tokens = backend.tokenize(prompt_text, add_bos=True, special=True)
+    if len(tokens) + params.max_tokens > backend.n_ctx:  # page estimates were low: drop pages until it fits
+        while plan.pages and len(tokens) + params.max_tokens > backend.n_ctx:
+            plan.pages.pop()
+            prompt_text = backend.apply_chat_template(build_messages(question, format_pages(plan.pages)))
+            tokens = backend.tokenize(prompt_text, add_bos=True, special=True)
+        plan.used_tokens = sum(p.tokens for p in plan.pages)
+
+    pieces: list[str] = []
+    cancelled = False
+
+    def stop_now() -> bool:
+        nonlocal cancelled
+        if cancel is not None and cancel():
+            cancelled = True
+        return cancelled
+
+    for piece in stream_text(backend, backend.generate(tokens, params, stop_now), params.stop):
+        pieces.append(piece)
+        if on_text:
+            on_text(piece)
+    text = "".join(pieces).strip()
+    stats = backend.stats
+    timings = stats.as_dict()
+    timings["total_s"] = round(time.perf_counter() - t_start, 3)
+    citations = cite(store, text, question, plan) if text else []
+    result = Answer(question, text, citations, timings, plan, backend.name, model_name, list(doc_ids), cancelled)
+    if save and text:
+        result.answer_id = store.add_answer(list(doc_ids), question, text, citations, model_name,
+                                            backend.name, timings)
+    return result
+
+
+def cite(store: Store, answer: str, question: str, plan: ContextPlan) -> list[dict]:
+    """Pages the answer relied on, most certain first: the pages it cites itself,
+    then the context pages whose passages best match the answer."""
+    in_context = {(p.doc_id, p.number): p for p in plan.pages}
+    doc_ids = sorted({p.doc_id for p in plan.pages})
+    chosen: list[tuple[int, int]] = []
+    for m in _CITE.finditer(answer):
+        first = int(m.group(1) or m.group(3))
+        last = int(m.group(2)) if m.group(2) else first
+        for n in range(first, min(last, first + 5) + 1):
+            for d in doc_ids:
+                if (d, n) in in_context and (d, n) not in chosen:
+                    chosen.append((d, n))
+    for hit in store.search_chunks(doc_ids, f"{answer} {answer} {question}", limit=20):
+        key = (hit["doc_id"], hit["page"])
+        if key in in_context and key not in chosen:
+            chosen.append(key)
+        if len(chosen) >= MAX_CITATIONS:
+            break
+    out = []
+    for doc_id, page in chosen[:MAX_CITATIONS]:
+        out.append({"doc": doc_id, "page": page, "text": passage(store, doc_id, page, answer, in_context)})
+    return out
+
+
+def passage(store: Store, doc_id: int, page: int, answer: str, in_context: dict) -> str:
+    """The passage of ``page`` that best matches the answer (a chunk), else the page's opening."""
+    hits = store.search_chunks([doc_id], answer, limit=1, pages=[page])
+    text = hits[0]["text"] if hits else in_context[(doc_id, page)].text
+    text = " ".join(text.split())
+    return text if len(text) <= PASSAGE_CHARS else text[: PASSAGE_CHARS - 1].rsplit(" ", 1)[0] + "…"

@@ -1,0 +1,331 @@
+"""The ``ellm`` command. Its subcommands, options and JSON keys are a contract
+documented in README.md; change them only by adding."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from app import __version__
+from app.config import ENGINES, Paths
+
+
+class CliError(Exception):
+    """An error a person can act on; printed without a traceback, exit status 1."""
+
+
+# ---- Shared state of one invocation ------------------------------------------
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+
+    @property
+    def json(self) -> bool:
+        return bool(getattr(self.args, "json", False))
+
+    @cached_property
+    def session(self):
+        from app.session import Session
+
+        a = self.args
+        overrides = {"engine": getattr(a, "engine", None), "model": getattr(a, "model", None),
+                     "n_ctx": getattr(a, "ctx", None), "max_tokens": getattr(a, "max_tokens", None),
+                     "threads": getattr(a, "threads", None)}
+        return Session(Paths.resolve(getattr(a, "data_dir", None)), overrides)
+
+    @property
+    def paths(self) -> Paths:
+        return self.session.paths
+
+    @property
+    def store(self):
+        return self.session.store
+
+    @property
+    def model_path(self) -> Path:
+        return self.session.model_path
+
+    def backend(self):
+        return self.session.backend()
+
+    def print_json(self, obj) -> None:
+        print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+    def sampling(self, greedy: bool = False, max_tokens: int | None = None):
+        return self.session.sampling(greedy, max_tokens)
+
+    def resolve_doc(self, ref: str) -> dict:
+        matches = self.store.find_documents(ref)
+        if not matches:
+            raise CliError(f"no document matches '{ref}'; `ellm docs` lists them (use an id, title or file name)")
+        if len(matches) > 1:
+            listing = "; ".join(f"{d['id']}: {d['title']} ({d['path']})" for d in matches[:8])
+            raise CliError(f"'{ref}' matches {len(matches)} documents, use an id: {listing}")
+        doc = matches[0]
+        if doc["status"] == "failed" and not doc["pages"]:
+            raise CliError(f"{doc['path']}: this document failed to ingest: {doc['error']}")
+        return doc
+
+
+def err(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# ---- Commands ------------------------------------------------------------------
+
+
+def cmd_gui(ctx: Context) -> int:
+    from app.ui.app import run_gui
+
+    return run_gui(ctx.paths, screenshot=ctx.args.screenshot)
+
+
+def cmd_ingest(ctx: Context) -> int:
+    from app.ingest import ingest
+
+    count = ctx.session.token_counter()
+
+    def show(event) -> None:
+        if not ctx.json:
+            print(f"[{event.index}/{event.total}] {event.line()}", flush=True)
+
+    report = ingest(ctx.store, ctx.args.paths, count, progress=show)
+    if ctx.json:
+        ctx.print_json({"files": [e.as_dict() for e in report.events], "summary": report.summary()})
+    else:
+        print(report.summary())
+    # Exit 1 only when nothing at all could be read.
+    return 0 if report.readable or not report.events else 1
+
+
+def doc_row(d: dict) -> dict:
+    return {"id": d["id"], "title": d["title"], "path": d["path"], "pages": d["pages"], "tokens": d["tokens"],
+            "status": d["status"], "error": d["error"]}
+
+
+def cmd_docs(ctx: Context) -> int:
+    docs = [doc_row(d) for d in ctx.store.documents()]
+    if ctx.json:
+        ctx.print_json(docs)
+        return 0
+    if not docs:
+        print("No documents yet: `ellm ingest FOLDER` adds some.")
+        return 0
+    print(f"{'id':>4}  {'status':<9} {'pages':>5} {'tokens':>8}  title")
+    for d in docs:
+        print(f"{d['id']:>4}  {d['status']:<9} {d['pages']:>5} {d['tokens']:>8}  {d['title']}")
+        if d["error"]:
+            print(f"{'':>4}  -> {d['error']}")
+    return 0
+
+
+def cmd_ask(ctx: Context) -> int:
+    from app.ask import AskError, ask
+
+    docs = [ctx.resolve_doc(ref) for ref in ctx.args.doc]
+    backend = ctx.backend()
+    params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.max_tokens)
+    streaming = not ctx.json
+    if streaming and ctx.args.verbose:
+        err(f"engine {backend.name}, model {ctx.model_path.name}, context {backend.n_ctx} tokens")
+
+    def show(piece: str) -> None:
+        if streaming:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    try:
+        answer = ask(ctx.store, backend, ctx.args.question, [d["id"] for d in docs], params,
+                     model_name=ctx.model_path.name, on_text=show)
+    except AskError as e:
+        raise CliError(str(e)) from e
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    if ctx.json:
+        ctx.print_json(answer.as_dict())
+        return 0
+    print()
+    if answer.plan.note:
+        print(f"\nNote: {answer.plan.note}")
+    titles = {d["id"]: d["title"] for d in docs}
+    if answer.citations:
+        print("\nSources:")
+        for c in answer.citations:
+            print(f"  - {titles.get(c['doc'], c['doc'])}, p. {c['page']}: \"{c['text'][:160]}\"")
+    t = answer.timings
+    print(f"\n[{t['prompt_tokens']} prompt tokens, first token after {t['ttft_s']:.2f} s, "
+          f"{t['decode_tok_s']:.1f} tokens/s, engine {answer.engine}]")
+    return 0
+
+
+def cmd_summarize(ctx: Context) -> int:
+    from app.export import ExportError, export, format_for
+    from app.summarize import SummaryError, summarize
+
+    doc = ctx.resolve_doc(ctx.args.doc)
+    fmt = None
+    if ctx.args.out:
+        try:
+            fmt = format_for(ctx.args.out, ctx.args.format)
+        except ExportError as e:
+            raise CliError(str(e)) from e
+    backend = ctx.backend()
+    params = ctx.sampling(max_tokens=ctx.args.max_tokens)
+
+    def progress(step: int, steps: int, what: str) -> None:
+        if not ctx.json:
+            err(f"[{step}/{steps}] {what}")
+
+    try:
+        s = summarize(ctx.store, backend, doc["id"], params, model_name=ctx.model_path.name, progress=progress)
+    except SummaryError as e:
+        raise CliError(str(e)) from e
+    out = None
+    if ctx.args.out:
+        try:
+            out = export(ctx.args.out, s.title, s.text, fmt, source=doc["path"], method=s.method)
+        except ExportError as e:
+            raise CliError(str(e)) from e
+    if ctx.json:
+        ctx.print_json({**s.as_dict(), "out": str(out) if out else None, "format": fmt})
+    else:
+        print(s.text)
+        if out:
+            err(f"written to {out} ({fmt})")
+    return 0
+
+
+def cmd_models(ctx: Context) -> int:
+    from app.models import list_models
+
+    models = list_models(ctx.paths.models_dir)
+    if ctx.json:
+        ctx.print_json([m.as_dict() for m in models])
+        return 0
+    print(f"Models folder: {ctx.paths.models_dir} (drop .gguf files here)")
+    for m in models:
+        mark = " (default)" if m.default else ""
+        if m.error:
+            print(f"- {m.name}{mark}: unusable: {m.error}")
+            continue
+        print(f"- {m.name}{mark}\n    {m.path}\n    {m.architecture}, {m.parameters / 1e6:.0f}M parameters, "
+              f"{m.quantization}, context {m.context_length}, {m.file_size / 2**20:.1f} MiB")
+    return 0
+
+
+def cmd_complete(ctx: Context) -> int:
+    backend = ctx.backend()
+    from app.engine.backend import stream_text
+
+    params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.n)
+    prompt = backend.tokenize(ctx.args.prompt, add_bos=True, special=False)
+    tokens: list[int] = []
+
+    def collect():
+        for t in backend.generate(prompt, params):
+            tokens.append(t)
+            yield t
+
+    pieces = []
+    for piece in stream_text(backend, collect()):
+        pieces.append(piece)
+        if not ctx.json:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    if ctx.json:
+        ctx.print_json({"text": "".join(pieces), "tokens": tokens, "engine": backend.name,
+                        "timings": backend.stats.as_dict()})
+    else:
+        print()
+    return 0
+
+
+# ---- Parser ----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Global options are accepted before or after the subcommand.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="where the store, models folder and caches live (env ELLM_DATA_DIR)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output")
+
+    def engine_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engine", choices=ENGINES, default=None, help="inference engine (default: settings, auto)")
+        p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+        p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length in tokens")
+        p.add_argument("--threads", type=int, default=None, metavar="N", help="threads (default: physical cores)")
+
+    parser = argparse.ArgumentParser(prog="ellm", parents=[common],
+                                     description="Ask questions about whole documents with a local LLM.")
+    parser.add_argument("--version", action="version", version=f"ellm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("gui", parents=[common], help="the desktop window (default)")
+    p.add_argument("--screenshot", metavar="FILE", help="render the main window to a PNG and exit")
+    p.set_defaults(func=cmd_gui)
+
+    p = sub.add_parser("ingest", parents=[common], help="add files and folders to the library")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--model", default=None, help="model whose tokenizer counts tokens")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("docs", parents=[common], help="list the documents")
+    p.set_defaults(func=cmd_docs)
+
+    p = sub.add_parser("ask", parents=[common], help="ask a question about a document")
+    p.add_argument("question")
+    p.add_argument("--doc", required=True, action="append", metavar="ID_OR_TITLE_OR_FILENAME",
+                   help="the document (repeat for several)")
+    engine_opts(p)
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("summarize", parents=[common], help="summarize a whole document and export it")
+    p.add_argument("doc", metavar="DOC")
+    p.add_argument("--out", metavar="FILE")
+    p.add_argument("--format", choices=("md", "pdf", "docx"), default=None,
+                   help="export format (default: from the file's suffix)")
+    engine_opts(p)
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    p.set_defaults(func=cmd_summarize)
+
+    p = sub.add_parser("models", parents=[common], help="list the models")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("complete", parents=[common], help="raw completion of a prompt (no chat template)")
+    p.add_argument("prompt")
+    engine_opts(p)
+    p.add_argument("-n", type=int, default=64, metavar="N", help="tokens to generate")
+    p.add_argument("--greedy", action="store_true")
+    p.set_defaults(func=cmd_complete)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        args = parser.parse_args([*(argv if argv is not None else sys.argv[1:]), "gui"])
+    ctx = Context(args)
+    from app.session import SessionError
+
+    try:
+        return int(args.func(ctx) or 0)
+    except (CliError, SessionError) as e:
+        err(f"ellm: error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        err("ellm: interrupted")
+        return 130
+    except BrokenPipeError:
+        os._exit(0)

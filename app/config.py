@@ -1,0 +1,94 @@
+"""Where eLLM keeps its files, and the user settings with their defaults.
+
+Defaults live in one table (``Settings`` field defaults); the store keeps only
+what a person changed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+ENGINES = ("auto", "ellm", "llamacpp")
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "ellm"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The data directory: the store, the models folder and the caches."""
+
+    root: Path
+
+    @classmethod
+    def resolve(cls, data_dir: str | os.PathLike | None = None) -> "Paths":
+        """``--data-dir`` wins, then ``ELLM_DATA_DIR``, then the XDG data directory."""
+        chosen = data_dir or os.environ.get("ELLM_DATA_DIR") or default_data_dir()
+        return cls(Path(chosen).expanduser().resolve())
+
+    @property
+    def db(self) -> Path:
+        return self.root / "ellm.db"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / "cache"
+
+    def ensure(self) -> "Paths":
+        for d in (self.root, self.models_dir, self.cache_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a person can change; every default is here and nowhere else."""
+
+    model: str = ""  # path of a GGUF file; "" = the default model
+    engine: str = "auto"
+    n_ctx: int = 8192  # context length in tokens (prompt + answer)
+    max_tokens: int = 512
+    temperature: float = 0.2
+    top_k: int = 40
+    top_p: float = 0.95
+    repeat_penalty: float = 1.1
+    seed: int = 0
+    threads: int = 0  # 0 = one per physical core
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.n_ctx < 256:
+            raise ValueError(f"context length must be at least 256 tokens, not {self.n_ctx}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Settings":
+        """Known keys only, each converted to its field's type; unknown keys ignored
+        (a newer eLLM may have stored more)."""
+        known = {f.name: f for f in fields(cls)}
+        kwargs = {}
+        for k, v in values.items():
+            if k in known:
+                kind = type(known[k].default)
+                kwargs[k] = kind(v)
+        return cls(**kwargs)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def changed(self) -> dict:
+        """Only the values that differ from the defaults."""
+        base = Settings()
+        return {k: v for k, v in self.as_dict().items() if getattr(base, k) != v}
+
+    def with_(self, **changes) -> "Settings":
+        return replace(self, **changes)

@@ -1,0 +1,32 @@
+"""Sizes and limits for reading documents, in one table so they are tuned in one place."""
+
+# ---- Pagination
+PAGE_CHARS = 3000
+"""Target size of a page for formats without real pages (EPUB chapters, TXT, MD, HTML, DOCX).
+Pages are the unit of citation, so they should be about what a person reads as one page."""
+
+MAX_EXPLICIT_PAGE_CHARS = 4 * PAGE_CHARS
+"""A page cut by an explicit break (form feed, DOCX page break) longer than this is split again:
+a file with one page break in 300 pages of text would otherwise give citations that point
+nowhere useful. Real printed pages (pdftotext output) stay well under it."""
+
+TITLE_MAX_CHARS = 120
+"""A first heading or line longer than this is prose, not a title."""
+
+# ---- Memory guards
+MAX_TEXT_BYTES = 256 * 2**20
+"""TXT, MD and HTML files are read whole; decoding can take several times their size."""
+
+MAX_ZIP_BYTES = 512 * 2**20
+"""EPUB and DOCX are zip archives: refuse one that would expand past this."""
+
+MAX_ZIP_RATIO = 100
+"""Documents compress 3-15x; a higher ratio than this is a suspected zip bomb..."""
+
+ZIP_RATIO_MIN_BYTES = 2**20
+"""...once the archive expands to more than this, below which expanding it is harmless anyway
+(a tiny file of repeated markup can compress past the ratio legitimately)."""
+
+BINARY_CONTROL_SHARE = 0.01
+"""A text file whose decoded characters are more than this share control characters is binary
+data (or UTF-16 without a byte-order mark), not text."""

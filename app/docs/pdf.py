@@ -1,0 +1,62 @@
+"""PDF reader: one page of text per PDF page, so citations match the page numbers a reader
+sees in their viewer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pymupdf
+
+from app.docs.document import Extracted, Refused
+from app.docs.text import clean_title, normalise
+
+# pymupdf's "text" flags minus TEXT_PRESERVE_LIGATURES: "ﬁnd" becomes "find", which is what a
+# person types in a question and what full-text search must match.
+_TEXT_FLAGS = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_LIGATURES
+
+# MuPDF silently "repairs" a file cut short: half a PDF can open with every page but the first
+# blank. A complete file ends with %%EOF in its last 1024 bytes (ISO 32000-1, 7.5.5).
+_EOF_MARKER = b"%%EOF"
+_EOF_WINDOW = 1024
+
+
+def read_pdf(path: Path, size: int) -> Extracted:
+    try:
+        document = pymupdf.open(path, filetype="pdf")
+    except (pymupdf.FileDataError, RuntimeError) as error:
+        raise Refused(f"file is truncated or not a valid PDF (pymupdf: {error})") from None
+    with document:
+        if document.needs_pass:
+            raise Refused("PDF is encrypted; remove the password and ingest it again")
+        if document.is_repaired and not _ends_with_eof_marker(path, size):
+            raise Refused(
+                "file is truncated or not a valid PDF (pymupdf: the file is damaged and "
+                "has no %%EOF at its end; it was probably cut short while copying or "
+                "downloading)"
+            )
+        if document.page_count == 0:
+            raise Refused("file is truncated or not a valid PDF (pymupdf: it has no pages)")
+        pages = [_page_text(document, index) for index in range(document.page_count)]
+        metadata = document.metadata or {}
+    return Extracted(
+        pages=pages,
+        title=clean_title(metadata.get("title")),
+        author=clean_title(metadata.get("author")),
+    )
+
+
+def _page_text(document: pymupdf.Document, index: int) -> str:
+    try:
+        text = document[index].get_text("text", flags=_TEXT_FLAGS)
+    except (RuntimeError, ValueError) as error:
+        # Refuse rather than leave the page out: answers would silently miss it.
+        raise Refused(
+            f"page {index + 1} cannot be read; the PDF is damaged (pymupdf: {error})"
+        ) from None
+    return normalise(text).strip()
+
+
+def _ends_with_eof_marker(path: Path, size: int) -> bool:
+    with open(path, "rb") as file:
+        file.seek(max(0, size - _EOF_WINDOW))
+        return _EOF_MARKER in file.read()

@@ -1,0 +1,83 @@
+"""`read`: pick the reader for a file's suffix and turn every failure into a DocumentError."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from app.docs.document import Document, DocumentError, Extracted, Refused, brief
+from app.docs.epub import read_epub
+from app.docs.markup import read_html
+from app.docs.pdf import read_pdf
+from app.docs.plain import read_md, read_txt
+from app.docs.text import first_line
+from app.docs.word import read_docx
+
+Reader = Callable[[Path, int], Extracted]
+
+# suffix -> (Document.format, reader)
+_READERS: dict[str, tuple[str, Reader]] = {
+    ".pdf": ("pdf", read_pdf),
+    ".epub": ("epub", read_epub),
+    ".txt": ("txt", read_txt),
+    ".md": ("md", read_md),
+    ".markdown": ("md", read_md),
+    ".html": ("html", read_html),
+    ".htm": ("html", read_html),
+    ".docx": ("docx", read_docx),
+}
+SUPPORTED_SUFFIXES: frozenset[str] = frozenset(_READERS)
+
+_NO_TEXT_HINTS = {
+    "pdf": "scanned images? run OCR first",
+    "epub": "only images? books of scanned pages need OCR first",
+    "docx": "only images or empty paragraphs?",
+}
+
+
+def read(path: str | os.PathLike) -> Document:
+    """Read a document file. Every failure is a DocumentError whose reason says what to do."""
+    name = os.fspath(path)
+    try:
+        format, extracted = _extract(Path(name))
+    except Refused as refusal:
+        raise DocumentError(name, refusal.reason) from None
+    except DocumentError:
+        raise
+    except MemoryError:
+        raise DocumentError(
+            name, "not enough memory to read the file; close other programs or split it"
+        ) from None
+    except PermissionError:
+        raise DocumentError(name, "permission denied; check that you may read the file") from None
+    except OSError as error:
+        raise DocumentError(name, f"cannot read the file ({error.strerror or error})") from None
+    except Exception as error:  # a parser's surprise must not crash an ingest of 500 files
+        kind = Path(name).suffix.lower().lstrip(".").upper()
+        raise DocumentError(
+            name, f"file is damaged or not a valid {kind} ({type(error).__name__}: {brief(error)})"
+        ) from error
+
+    if not any(page.strip() for page in extracted.pages):
+        hint = _NO_TEXT_HINTS.get(format, "the file holds only whitespace or markup")
+        raise DocumentError(name, f"no extractable text ({hint})")
+    title = extracted.title or extracted.heading or first_line(extracted.pages) or Path(name).stem
+    return Document.from_page_texts(name, format, title, extracted.author, extracted.pages)
+
+
+def _extract(path: Path) -> tuple[str, Extracted]:
+    suffix = path.suffix.lower()
+    if suffix not in _READERS:
+        raise Refused(
+            f"unsupported file type {suffix}" if suffix else "unsupported file type (no suffix)"
+        )
+    if not path.exists():
+        raise Refused("file not found")
+    if not path.is_file():
+        raise Refused("not a regular file (a folder?)")
+    size = path.stat().st_size
+    if size == 0:
+        raise Refused("file is empty")
+    format, reader = _READERS[suffix]
+    return format, reader(path, size)

@@ -1,0 +1,109 @@
+"""The ``llamacpp`` backend: llama-cpp-python, dense attention.
+
+It is the reference our engine is measured against, and the way to run model
+architectures our engine does not implement.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Sequence
+
+from app.engine.backend import GenerationStats, SamplingParams
+from app.engine.chat import render_chat
+
+
+_quiet_callback = None
+
+
+def quiet_llama_logs() -> None:
+    """Silence llama.cpp's own stderr log (context sizes, warnings meant for its
+    developers); our errors are raised as exceptions with messages of our own."""
+    global _quiet_callback
+    import llama_cpp
+
+    if _quiet_callback is None:
+        _quiet_callback = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(_quiet_callback, None)
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def __init__(self, model_path: str, n_ctx: int = 8192, n_threads: int | None = None,
+                 n_batch: int = 512, numa: bool | int = False, type_k: int | None = None,
+                 type_v: int | None = None, flash_attn: bool = False):
+        import llama_cpp  # imported here: loading the shared library costs ~0.3 s
+
+        quiet_llama_logs()
+        self.model_path = str(model_path)
+        self.llm = llama_cpp.Llama(
+            model_path=self.model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+            n_threads_batch=n_threads, numa=numa, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+            verbose=False,
+        )
+        self.n_ctx = self.llm.n_ctx()
+        self.stats = GenerationStats()
+        meta = self.llm.metadata
+        self._template = meta.get("tokenizer.chat_template")
+        vocab = self.llm._model.vocab if hasattr(self.llm._model, "vocab") else self.llm._model.model
+        self._vocab = vocab
+        self._bos = self._piece(self.llm.token_bos())
+        self._eos = self._piece(self.llm.token_eos())
+        self._eog = {t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)} \
+            if hasattr(llama_cpp, "llama_vocab_is_eog") else {self.llm.token_eos()}
+
+    def _piece(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.llm.detokenize([token], special=True).decode("utf-8", errors="replace")
+
+    # ---- Protocol ----------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.llm.detokenize(list(tokens), special=True).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.llm.detokenize([token], special=True)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        return render_chat(self._template, messages, self._bos, self._eos, add_generation_prompt)
+
+    def eos_tokens(self) -> set[int]:
+        return set(self._eog)
+
+    def generate(self, prompt: Sequence[int], params: SamplingParams,
+                 cancel: Callable[[], bool] | None = None) -> Iterator[int]:
+        prompt = list(prompt)
+        if len(prompt) + 1 > self.n_ctx:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx} tokens")
+        budget = min(params.max_tokens, self.n_ctx - len(prompt))
+        self.stats = stats = GenerationStats(prompt_tokens=len(prompt))
+        self.llm.set_seed(params.seed)
+        t0 = time.perf_counter()
+        stream = self.llm.generate(
+            prompt, top_k=params.top_k if not params.greedy else 1, top_p=params.top_p, min_p=0.0,
+            temp=params.temperature if not params.greedy else 0.0,
+            repeat_penalty=params.repeat_penalty if not params.greedy else 1.0, reset=True,
+        )
+        t_first = None
+        try:
+            for token in stream:
+                now = time.perf_counter()
+                if t_first is None:
+                    t_first = now
+                    stats.ttft_s = stats.prefill_s = now - t0
+                stats.decode_tokens += 1
+                stats.decode_s = now - t_first
+                if token in self._eog:
+                    return
+                yield int(token)
+                if stats.decode_tokens >= budget or (cancel is not None and cancel()):
+                    return
+        finally:
+            stream.close()
+
+    def close(self) -> None:
+        self.llm.close() if hasattr(self.llm, "close") else None

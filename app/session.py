@@ -1,0 +1,73 @@
+"""One data directory opened for use: the store, the settings, the model and
+its backend. The CLI and the GUI both work through a Session, so neither holds
+logic the other would miss."""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from app.config import Paths, Settings
+from app.engine.backend import SamplingParams
+from app.models import ModelError, resolve_model
+from app.store import Store
+
+
+class SessionError(Exception):
+    """Something a person can fix (a setting, a model file); the message says what."""
+
+
+class Session:
+    def __init__(self, paths: Paths, overrides: dict | None = None):
+        self.paths = paths.ensure()
+        self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+
+    @cached_property
+    def store(self) -> Store:
+        return Store(self.paths.db)
+
+    @property
+    def settings(self) -> Settings:
+        """The stored settings with this session's overrides (command-line options) on top."""
+        try:
+            return Settings.from_dict({**self.store.settings(), **self.overrides})
+        except (ValueError, TypeError) as e:
+            raise SessionError(str(e)) from e
+
+    def save_settings(self, settings: Settings) -> None:
+        self.store.clear_settings()
+        self.store.set_settings(settings.changed())
+
+    @property
+    def model_path(self) -> Path:
+        try:
+            return resolve_model(self.settings.model, self.paths.models_dir)
+        except ModelError as e:
+            raise SessionError(str(e)) from e
+
+    def backend(self):
+        from app.backends import EngineUnavailable, open_backend
+
+        s = self.settings
+        path = self.model_path
+        try:
+            return open_backend(s.engine, path, s.n_ctx, s.threads)
+        except (ModelError, EngineUnavailable) as e:
+            raise SessionError(str(e)) from e
+        except ValueError as e:
+            raise SessionError(f"{path}: cannot load the model ({e})") from e
+
+    def token_counter(self):
+        from app.backends import token_counter
+
+        try:
+            return token_counter(self.model_path)
+        except ModelError as e:
+            raise SessionError(str(e)) from e
+
+    def sampling(self, greedy: bool = False, max_tokens: int | None = None) -> SamplingParams:
+        s = self.settings
+        n = max_tokens or s.max_tokens
+        if greedy:
+            return SamplingParams.make_greedy(n)
+        return SamplingParams(max_tokens=n, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                              repeat_penalty=s.repeat_penalty, seed=s.seed)

@@ -1,0 +1,272 @@
+"""The store: one SQLite file (WAL) through sqlite-utils.
+
+One connection per thread or process; WAL lets readers go on while a writer
+writes (the datasette arrangement). Every multi-row change runs inside
+``transaction()`` so a crash leaves either the old or the new state.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import sqlite_utils
+
+from app.store.migrations import upgrade
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def fts_query(text: str, max_terms: int = 64) -> str:
+    """An FTS5 query that matches any of the words of ``text`` (quoted, so no
+    user text is ever parsed as FTS syntax)."""
+    words, seen = [], set()
+    for raw in "".join(c if c.isalnum() else " " for c in text.lower()).split():
+        if len(raw) < 2 or raw in _STOPWORDS or raw in seen:
+            continue
+        seen.add(raw)
+        words.append(f'"{raw}"')
+        if len(words) >= max_terms:
+            break
+    return " OR ".join(words)
+
+
+_STOPWORDS = frozenset(
+    "the a an and or of to in on at for by with from is are was were be been it its this that these those "
+    "as not no but if then than so do does did what which who whom whose when where why how can could "
+    "should would will shall may might must i you he she we they me him her us them my your our their "
+    "about into over under there here all any some such only also more most very just".split()
+)
+
+
+class Store:
+    """The documents, pages, chunks, answers, summaries, folders and settings of one data directory."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves (see transaction()).
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        self.conn = conn
+        self.db = sqlite_utils.Database(conn, execute_plugins=False)
+        self._lock = threading.RLock()
+        self._depth = 0
+        upgrade(conn, path=self.path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ---- Transactions ------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """All-or-nothing; nests (inner levels are savepoints)."""
+        with self._lock:
+            self._depth += 1
+            name = f"sp{self._depth}"
+            try:
+                if self._depth == 1:
+                    self.conn.execute("BEGIN IMMEDIATE")
+                else:
+                    self.conn.execute(f"SAVEPOINT {name}")
+                try:
+                    yield
+                except BaseException:
+                    if self._depth == 1:
+                        self.conn.execute("ROLLBACK")
+                    else:
+                        self.conn.execute(f"ROLLBACK TO {name}")
+                        self.conn.execute(f"RELEASE {name}")
+                    raise
+                if self._depth == 1:
+                    self.conn.execute("COMMIT")
+                else:
+                    self.conn.execute(f"RELEASE {name}")
+            finally:
+                self._depth -= 1
+
+    def query(self, sql: str, params: Iterable | dict = ()) -> list[dict]:
+        with self._lock:
+            return list(self.db.query(sql, params))
+
+    def integrity_check(self) -> str:
+        return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+    # ---- Documents ---------------------------------------------------------
+
+    def document(self, doc_id: int) -> dict | None:
+        rows = self.query("SELECT * FROM documents WHERE id = ?", [doc_id])
+        return rows[0] if rows else None
+
+    def document_by_path(self, path: str) -> dict | None:
+        rows = self.query("SELECT * FROM documents WHERE path = ?", [path])
+        return rows[0] if rows else None
+
+    def documents(self, folder: str | None = None) -> list[dict]:
+        if folder is None:
+            return self.query("SELECT * FROM documents ORDER BY id")
+        prefix = folder.rstrip("/") + "/"
+        return self.query(
+            "SELECT * FROM documents WHERE path LIKE ? ESCAPE '\\' ORDER BY id",
+            [prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"],
+        )
+
+    def find_documents(self, ref: str) -> list[dict]:
+        """Documents matching an id, an exact title, a path or a file name
+        (in that order of preference; case-insensitive for titles and names)."""
+        ref = str(ref).strip()
+        if ref.isdigit():
+            doc = self.document(int(ref))
+            if doc:
+                return [doc]
+        for sql, arg in (
+            ("SELECT * FROM documents WHERE path = ?", ref),
+            ("SELECT * FROM documents WHERE lower(title) = lower(?)", ref),
+            ("SELECT * FROM documents WHERE lower(path) LIKE '%/' || lower(?)", ref),
+            ("SELECT * FROM documents WHERE lower(title) LIKE '%' || lower(?) || '%'", ref),
+        ):
+            rows = self.query(sql + " ORDER BY id", [arg])
+            if rows:
+                return rows
+        return []
+
+    def save_document(self, record: dict, pages: list[tuple[int, int, str]] | None = None,
+                      chunks: list[tuple[int, int, int, str]] | None = None) -> int:
+        """Insert or replace the document at record['path'] with its pages
+        ((number, start, text)) and chunks ((page, start, end, text)) in one transaction.
+        With pages None only the document row changes (e.g. a failed file keeps
+        the content it had before, if any)."""
+        with self.transaction():
+            old = self.document_by_path(record["path"])
+            record = dict(record, updated_at=now())
+            if old is None:
+                cols = ", ".join(record)
+                marks = ", ".join("?" for _ in record)
+                cur = self.conn.execute(f"INSERT INTO documents ({cols}) VALUES ({marks})", list(record.values()))
+                doc_id = int(cur.lastrowid)
+            else:
+                doc_id = int(old["id"])
+                sets = ", ".join(f"{k} = ?" for k in record)
+                self.conn.execute(f"UPDATE documents SET {sets} WHERE id = ?", [*record.values(), doc_id])
+            if pages is not None:
+                self.conn.execute("DELETE FROM chunks WHERE doc_id = ?", [doc_id])
+                self.conn.execute("DELETE FROM pages WHERE doc_id = ?", [doc_id])
+                self.conn.executemany("INSERT INTO pages (doc_id, number, start, text) VALUES (?, ?, ?, ?)",
+                                      [(doc_id, n, s, t) for n, s, t in pages])
+                self.conn.executemany("INSERT INTO chunks (doc_id, page, start, end, text) VALUES (?, ?, ?, ?, ?)",
+                                      [(doc_id, p, s, e, t) for p, s, e, t in (chunks or [])])
+        return doc_id
+
+    def set_status(self, doc_ids: Iterable[int], status: str, error: str | None = None) -> None:
+        with self.transaction():
+            self.conn.executemany("UPDATE documents SET status = ?, error = ?, updated_at = ? WHERE id = ?",
+                                  [(status, error, now(), i) for i in doc_ids])
+
+    def pages(self, doc_id: int) -> list[dict]:
+        return self.query("SELECT number, start, text FROM pages WHERE doc_id = ? ORDER BY number", [doc_id])
+
+    def search_chunks(self, doc_ids: list[int], text: str, limit: int = 10,
+                      pages: Iterable[int] | None = None) -> list[dict]:
+        """Chunks of ``doc_ids`` ranked by BM25 against the words of ``text``."""
+        q = fts_query(text)
+        if not q or not doc_ids:
+            return []
+        where = f"c.doc_id IN ({', '.join('?' for _ in doc_ids)})"
+        args: list = [q, *doc_ids]
+        if pages is not None:
+            pages = list(pages)
+            where += f" AND c.page IN ({', '.join('?' for _ in pages)})"
+            args += pages
+        return self.query(
+            f"""SELECT c.id, c.doc_id, c.page, c.start, c.end, c.text, bm25(chunks_fts) AS score
+                FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid
+                WHERE chunks_fts MATCH ? AND {where}
+                ORDER BY score LIMIT {int(limit)}""",
+            args,
+        )
+
+    # ---- Answers and summaries -------------------------------------------
+
+    def add_answer(self, doc_ids: list[int], question: str, answer: str, citations: list[dict],
+                   model: str, engine: str, timings: dict) -> int:
+        with self.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO answers (doc_ids, question, answer, citations, model, engine, timings, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [json.dumps(doc_ids), question, answer, json.dumps(citations), model, engine,
+                 json.dumps(timings), now()],
+            )
+            answer_id = int(cur.lastrowid)
+            self.conn.executemany("INSERT INTO answer_docs (answer_id, doc_id) VALUES (?, ?)",
+                                  [(answer_id, d) for d in doc_ids])
+        return answer_id
+
+    def answers(self, doc_id: int | None = None, search: str | None = None, limit: int = 100) -> list[dict]:
+        """Answer history, newest first; per document and/or matching ``search`` (FTS5)."""
+        where, args = [], []
+        if doc_id is not None:
+            where.append("a.id IN (SELECT answer_id FROM answer_docs WHERE doc_id = ?)")
+            args.append(doc_id)
+        if search:
+            q = fts_query(search)
+            if not q:
+                return []
+            where.append("a.id IN (SELECT rowid FROM answers_fts WHERE answers_fts MATCH ?)")
+            args.append(q)
+        sql = "SELECT a.* FROM answers a"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self.query(sql + f" ORDER BY a.id DESC LIMIT {int(limit)}", args)
+        for r in rows:
+            for key in ("doc_ids", "citations", "timings"):
+                r[key] = json.loads(r[key]) if r[key] else None
+        return rows
+
+    def add_summary(self, doc_id: int, summary: str, model: str, engine: str, method: str) -> int:
+        with self.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO summaries (doc_id, summary, model, engine, method, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [doc_id, summary, model, engine, method, now()],
+            )
+        return int(cur.lastrowid)
+
+    def summaries(self, doc_id: int) -> list[dict]:
+        return self.query("SELECT * FROM summaries WHERE doc_id = ? ORDER BY id DESC", [doc_id])
+
+    # ---- Folders and settings ----------------------------------------------
+
+    def add_folder(self, path: str) -> None:
+        with self.transaction():
+            self.conn.execute("INSERT OR IGNORE INTO folders (path, added_at) VALUES (?, ?)", [path, now()])
+
+    def remove_folder(self, path: str) -> None:
+        with self.transaction():
+            self.conn.execute("DELETE FROM folders WHERE path = ?", [path])
+
+    def folders(self) -> list[str]:
+        return [r["path"] for r in self.query("SELECT path FROM folders ORDER BY added_at, path")]
+
+    def settings(self) -> dict:
+        return {r["key"]: json.loads(r["value"]) for r in self.query("SELECT key, value FROM settings")}
+
+    def set_settings(self, values: dict) -> None:
+        with self.transaction():
+            self.conn.executemany("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
+                                  [(k, json.dumps(v)) for k, v in values.items()])
+
+    def clear_settings(self) -> None:
+        with self.transaction():
+            self.conn.execute("DELETE FROM settings")

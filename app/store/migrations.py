@@ -1,0 +1,175 @@
+"""Schema versions of the store, one numbered upgrade function each.
+
+``PRAGMA user_version`` holds the version a file is at; ``upgrade`` runs every
+newer function in order inside one transaction, so a failed upgrade leaves the
+file exactly as it was (the calibre ``schema_upgrades.py`` pattern).
+"""
+from __future__ import annotations
+
+import sqlite3
+from typing import Callable
+
+
+def _script(conn: sqlite3.Connection, sql: str) -> None:
+    """Run statements one by one: ``executescript`` would COMMIT the open
+    transaction first and break the all-or-nothing upgrade."""
+    statement = ""
+    for line in sql.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            conn.execute(statement)
+            statement = ""
+    if statement.strip():
+        raise ValueError(f"incomplete SQL statement in migration: {statement!r}")
+
+
+def _v1_documents(conn: sqlite3.Connection) -> None:
+    """Documents, their pages and searchable chunks; settings."""
+    _script(conn, 
+        """
+        CREATE TABLE documents (
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL UNIQUE,
+            folder TEXT,
+            content_hash TEXT,
+            size INTEGER,
+            mtime REAL,
+            format TEXT,
+            title TEXT,
+            author TEXT,
+            pages INTEGER NOT NULL DEFAULT 0,
+            tokens INTEGER NOT NULL DEFAULT 0,
+            status TEXT NOT NULL,
+            error TEXT,
+            ingested_at TEXT,
+            updated_at TEXT
+        );
+        CREATE TABLE pages (
+            doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+            number INTEGER NOT NULL,
+            start INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            PRIMARY KEY (doc_id, number)
+        );
+        CREATE TABLE chunks (
+            id INTEGER PRIMARY KEY,
+            doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+            page INTEGER NOT NULL,
+            start INTEGER NOT NULL,
+            end INTEGER NOT NULL,
+            text TEXT NOT NULL
+        );
+        CREATE INDEX chunks_doc ON chunks(doc_id, page);
+        CREATE VIRTUAL TABLE chunks_fts USING fts5(text, content='chunks', content_rowid='id');
+        CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
+            INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text);
+        END;
+        CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
+            INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
+        END;
+        CREATE TABLE settings (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        """
+    )
+
+
+def _v2_answers(conn: sqlite3.Connection) -> None:
+    """Answers with citations and timings, and summaries."""
+    _script(conn, 
+        """
+        CREATE TABLE answers (
+            id INTEGER PRIMARY KEY,
+            doc_ids TEXT NOT NULL,
+            question TEXT NOT NULL,
+            answer TEXT NOT NULL,
+            citations TEXT NOT NULL,
+            model TEXT,
+            engine TEXT,
+            timings TEXT,
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE summaries (
+            id INTEGER PRIMARY KEY,
+            doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+            summary TEXT NOT NULL,
+            model TEXT,
+            engine TEXT,
+            method TEXT,
+            created_at TEXT NOT NULL
+        );
+        """
+    )
+
+
+def _v3_history_and_folders(conn: sqlite3.Connection) -> None:
+    """Searchable answer history (per document) and the folders a person opened."""
+    _script(conn, 
+        """
+        CREATE TABLE answer_docs (
+            answer_id INTEGER NOT NULL REFERENCES answers(id) ON DELETE CASCADE,
+            doc_id INTEGER NOT NULL,
+            PRIMARY KEY (answer_id, doc_id)
+        );
+        INSERT INTO answer_docs(answer_id, doc_id)
+            SELECT answers.id, json_each.value FROM answers, json_each(answers.doc_ids);
+        CREATE VIRTUAL TABLE answers_fts USING fts5(question, answer, content='answers', content_rowid='id');
+        INSERT INTO answers_fts(rowid, question, answer) SELECT id, question, answer FROM answers;
+        CREATE TRIGGER answers_ai AFTER INSERT ON answers BEGIN
+            INSERT INTO answers_fts(rowid, question, answer) VALUES (new.id, new.question, new.answer);
+        END;
+        CREATE TRIGGER answers_ad AFTER DELETE ON answers BEGIN
+            INSERT INTO answers_fts(answers_fts, rowid, question, answer)
+                VALUES ('delete', old.id, old.question, old.answer);
+        END;
+        CREATE TABLE folders (
+            path TEXT PRIMARY KEY,
+            added_at TEXT NOT NULL
+        );
+        INSERT OR IGNORE INTO folders(path, added_at)
+            SELECT DISTINCT folder, COALESCE(ingested_at, '') FROM documents WHERE folder IS NOT NULL;
+        """
+    )
+
+
+# Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _v1_documents,
+    _v2_answers,
+    _v3_history_and_folders,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(RuntimeError):
+    pass
+
+
+def current_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def upgrade(conn: sqlite3.Connection, target: int = SCHEMA_VERSION, path: str = "") -> int:
+    """Bring ``conn`` to ``target``; returns the version it started at."""
+    start = current_version(conn)
+    if start > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"{path or 'store'}: schema version {start} is newer than this eLLM knows ({SCHEMA_VERSION}); "
+            "upgrade eLLM or point --data-dir elsewhere"
+        )
+    if start >= target:
+        return start
+    # BEGIN IMMEDIATE takes the write lock first, so two processes opening a new
+    # data directory at once cannot both run the same upgrade.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = current_version(conn)  # another process may have upgraded meanwhile
+        for step in range(version, target):
+            MIGRATIONS[step](conn)
+            conn.execute(f"PRAGMA user_version = {step + 1}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return start
