@@ -246,6 +246,33 @@ def cmd_complete(ctx: Context) -> int:
     return 0
 
 
+def cmd_bench(ctx: Context) -> int:
+    from app.bench import BenchConfig, format_table, plot, run_bench
+
+    a = ctx.args
+    engines = tuple(e.strip() for e in a.engines.split(",") if e.strip())
+    for e in engines:
+        if e not in ("ellm", "llamacpp"):
+            raise CliError(f"unknown engine '{e}' in --engines; choose from ellm, llamacpp")
+    try:
+        contexts = tuple(int(c) for c in a.contexts.split(","))
+    except ValueError as e:
+        raise CliError(f"--contexts takes numbers separated by commas, not '{a.contexts}'") from e
+    if a.kv != "f16" or a.attention != "dense":
+        raise CliError("only --kv f16 and --attention dense are implemented so far")
+    cfg = BenchConfig(model_path=ctx.model_path, engines=engines, contexts=contexts, decode_steps=a.steps,
+                      threads=a.threads or 0, kv=a.kv, attention=a.attention)
+    report = run_bench(cfg, progress=lambda what: err(f"bench: {what}"))
+    print(format_table(report))
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(report, indent=2))
+        err(f"bench: results written to {a.json_file}")
+    if a.plot:
+        plot(report, a.plot)
+        err(f"bench: chart written to {a.plot}")
+    return 0
+
+
 # ---- Parser ----------------------------------------------------------------------
 
 
@@ -308,6 +335,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=64, metavar="N", help="tokens to generate")
     p.add_argument("--greedy", action="store_true")
     p.set_defaults(func=cmd_complete)
+
+    # bench has its own --json FILE, so it takes only --data-dir from the common options.
+    data_only = argparse.ArgumentParser(add_help=False)
+    data_only.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR")
+    p = sub.add_parser("bench", parents=[data_only], help="prefill/decode speed of both engines side by side")
+    p.add_argument("--engines", default="ellm,llamacpp", help="comma-separated: ellm,llamacpp")
+    p.add_argument("--contexts", default="512", help="comma-separated context lengths in tokens")
+    p.add_argument("--kv", default="f16", help="KV cache precision (f16)")
+    p.add_argument("--attention", default="dense", help="attention (dense)")
+    p.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
+    p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+    p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--json", dest="json_file", metavar="FILE", help="write the results as JSON to FILE")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG chart to FILE")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -6,7 +6,8 @@ import codecs
 import re
 from pathlib import Path
 
-from bs4 import BeautifulSoup, Tag
+import lxml.html
+from lxml import etree
 
 from app.docs.document import Extracted, Refused
 from app.docs.limits import MAX_TEXT_BYTES
@@ -49,80 +50,112 @@ def decode_markup(data: bytes) -> str:
 
 # ---- Text extraction
 
-# Private-use characters mark structure through BeautifulSoup's get-text pass; any already in
-# the document are removed first so they cannot fake structure.
+# Private-use characters mark structure in the flat list of strings built by the walk; any
+# already in the document are removed first so they cannot fake structure.
 _PARAGRAPH, _LINE, _CELL, _PAGE = "\ue000", "\ue001", "\ue002", "\ue003"
 _MARKERS = {ord(marker): None for marker in (_PARAGRAPH, _LINE, _CELL, _PAGE)}
 
-_DROPPED = ["script", "style", "nav", "noscript", "template", "head", "svg", "iframe", "object"]
-_BLOCKS = [
+_DROPPED = {"script", "style", "nav", "noscript", "template", "head", "svg", "iframe", "object"}
+_BLOCKS = {
     "address", "article", "aside", "blockquote", "body", "caption", "dd", "details", "dialog",
     "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3",
     "h4", "h5", "h6", "header", "hr", "li", "main", "ol", "p", "pre", "section", "summary",
     "table", "tbody", "tfoot", "thead", "tr", "ul",
-]
+}
 # Word and LibreOffice write their page breaks into HTML exports this way.
 _PAGE_BREAK_STYLE = re.compile(
     r"(?:page-)?break-(before|after)\s*:\s*(?:always|page)", re.IGNORECASE
 )
 _HTML_WHITESPACE = re.compile(r"[ \t\n\r\f]+")
 _AROUND_LINE = re.compile(rf" *{_LINE} *")
-
-
 _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*>")
 
 
-def parse_html(text: str) -> BeautifulSoup:
-    # The text is decoded already, so an XHTML file's XML declaration says nothing more; left
-    # in, it makes BeautifulSoup warn that XML is being parsed as HTML.
-    text = _XML_DECLARATION.sub("", normalise(text), count=1)
-    return BeautifulSoup(text.translate(_MARKERS), "lxml")
+def parse_html(text: str) -> lxml.html.HtmlElement:
+    """Parse with lxml directly: BeautifulSoup took minutes on a 10 MB page."""
+    # The text is decoded already, so an XHTML file's XML declaration says nothing more, and
+    # lxml refuses a str that carries one.
+    text = _XML_DECLARATION.sub("", normalise(text), count=1).translate(_MARKERS)
+    # huge_tree: a text node over 10 MB (a log in one <pre>) would otherwise be cut silently.
+    # A parser per call because lxml parsers must not be shared between threads.
+    parser = lxml.html.HTMLParser(huge_tree=True)
+    try:
+        return lxml.html.document_fromstring(text, parser=parser)
+    except etree.ParserError:  # "Document is empty"
+        return lxml.html.document_fromstring("<html><body></body></html>", parser=parser)
 
 
-def html_title(soup: BeautifulSoup) -> str:
+def html_title(root: lxml.html.HtmlElement) -> str:
     """<title> from the head (an <svg> in the body may have its own <title>)."""
-    head = soup.head
-    tag = head.find("title") if head else None
-    return clean_title(tag.get_text(" ")) if tag else ""
+    tag = root.find("head/title")
+    return clean_title(tag.text_content()) if tag is not None else ""
 
 
-def html_heading(soup: BeautifulSoup) -> str:
-    tag = soup.find("h1")
-    return short_title(tag.get_text(" ")) if tag else ""
+def html_heading(root: lxml.html.HtmlElement) -> str:
+    tag = root.find(".//h1")
+    return short_title(tag.text_content()) if tag is not None else ""
 
 
-def html_author(soup: BeautifulSoup) -> str:
-    tag = soup.find("meta", attrs={"name": re.compile(r"^\s*author\s*$", re.IGNORECASE)})
-    return clean_title(tag.get("content")) if isinstance(tag, Tag) else ""
+def html_author(root: lxml.html.HtmlElement) -> str:
+    for meta in root.iter("meta"):
+        if (meta.get("name") or "").strip().lower() == "author":
+            return clean_title(meta.get("content"))
+    return ""
 
 
-def html_body_text(soup: BeautifulSoup) -> str:
+def html_body_text(root: lxml.html.HtmlElement) -> str:
     """Readable text: headings, paragraphs and list items as paragraphs separated by a blank
     line, table rows as `cell | cell`, <pre> kept as written, CSS page breaks as form feeds.
 
-    Destroys `soup` (takes metadata out first). Works through find_all and strings, which
-    BeautifulSoup walks iteratively, so deeply nested markup cannot overflow the stack.
+    One iterative walk (etree.iterwalk), so deeply nested markup cannot overflow the stack.
     """
-    for tag in soup.find_all(_DROPPED):
-        tag.decompose()
-    for tag in soup.find_all(style=_PAGE_BREAK_STYLE):
-        for side in _PAGE_BREAK_STYLE.findall(tag["style"]):
-            _mark(tag, _PAGE, before=side.lower() == "before")
-    for tag in soup.find_all(_BLOCKS):
-        _mark(tag, _PARAGRAPH, before=True)
-        _mark(tag, _PARAGRAPH, before=False)
-    for tag in soup.find_all("br"):
-        _mark(tag, _LINE, before=True)
-    for tag in soup.find_all(["td", "th"]):
-        _mark(tag, _CELL, before=False)
+    body = root.find("body")
+    if body is None:
+        body = root  # a frameset page, or a fragment
+    out: list[str] = []
+    in_pre = 0  # depth of <pre> elements around the current one
 
-    preformatted = {id(string) for pre in soup.find_all("pre") for string in pre.strings}
-    raw = "".join(
-        string if id(string) in preformatted else _HTML_WHITESPACE.sub(" ", string)
-        for string in soup.strings
-    )
+    def add(text: str | None) -> None:
+        if text:
+            out.append(text if in_pre else _HTML_WHITESPACE.sub(" ", text))
+
+    walker = etree.iterwalk(body, events=("start", "end", "comment", "pi"))
+    for event, element in walker:
+        if event in ("comment", "pi"):
+            add(element.tail)  # the comment's text is not content; what follows it is
+            continue
+        tag = element.tag.lower() if isinstance(element.tag, str) else ""
+        breaks = _PAGE_BREAK_STYLE.findall(element.get("style") or "")
+        if event == "start":
+            if tag in _DROPPED:
+                walker.skip_subtree()  # its "end" still comes, and brings its tail
+                continue
+            if any(side.lower() == "before" for side in breaks):
+                out.append(_PAGE)
+            if tag in _BLOCKS:
+                out.append(_PARAGRAPH)
+            elif tag == "br":
+                out.append(_LINE)
+            if tag == "pre":
+                in_pre += 1
+            add(element.text)
+        else:
+            if tag not in _DROPPED:
+                if tag == "pre":
+                    in_pre -= 1
+                if tag in ("td", "th"):
+                    out.append(_CELL)
+                if tag in _BLOCKS:
+                    out.append(_PARAGRAPH)
+                if any(side.lower() == "after" for side in breaks):
+                    out.append(_PAGE)
+            if element is not body:
+                add(element.tail)
+    return _join_marked("".join(out))
+
+
+def _join_marked(raw: str) -> str:
     raw = raw.replace(_PAGE, f"{_PARAGRAPH}\f{_PARAGRAPH}")
-
     paragraphs = []
     for chunk in raw.split(_PARAGRAPH):
         chunk = _AROUND_LINE.sub("\n", chunk)
@@ -132,15 +165,6 @@ def html_body_text(soup: BeautifulSoup) -> str:
         if chunk:
             paragraphs.append(chunk)
     return normalise("\n\n".join(paragraphs))
-
-
-def _mark(tag: Tag, marker: str, before: bool) -> None:
-    if tag.parent is None:
-        return
-    if before:
-        tag.insert_before(marker)
-    else:
-        tag.insert_after(marker)
 
 
 # ---- HTML reader
@@ -155,8 +179,10 @@ def read_html(path: Path, size: int) -> Extracted:
     text = decode_markup(path.read_bytes())
     if looks_binary(text):
         raise Refused("file is binary data, not HTML (is the file name's suffix wrong?)")
-    soup = parse_html(text)
-    title, heading, author = html_title(soup), html_heading(soup), html_author(soup)
+    root = parse_html(text)
     return Extracted(
-        pages=paginate(html_body_text(soup)), title=title, heading=heading, author=author
+        pages=paginate(html_body_text(root)),
+        title=html_title(root),
+        heading=html_heading(root),
+        author=html_author(root),
     )

@@ -25,6 +25,7 @@ class SamplingParams:
     repeat_last_n: int = 64
     seed: int = 0
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # benchmarks: keep decoding past end-of-generation tokens
 
     @property
     def greedy(self) -> bool:

@@ -97,7 +97,7 @@ class LlamaCppBackend:
                     stats.ttft_s = stats.prefill_s = now - t0
                 stats.decode_tokens += 1
                 stats.decode_s = now - t_first
-                if token in self._eog:
+                if token in self._eog and not params.ignore_eos:
                     return
                 yield int(token)
                 if stats.decode_tokens >= budget or (cancel is not None and cancel()):

@@ -1,6 +1,9 @@
 """The Document model: offsets, page_at, and DocumentError."""
 
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +64,17 @@ def test_document_error_message_and_pickling():
     assert (type(copy), str(copy), copy.path, copy.reason) == (
         DocumentError, str(error), error.path, error.reason
     )
+
+
+def test_package_imports_no_qt_store_or_engine():
+    # Layering (DESIGN.md): docs sits below the services and beside store and engine.
+    code = (
+        "import sys, app.docs; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'PySide6' "
+        "or m.startswith(('app.store', 'app.engine', 'app.ui'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.stdout.strip() == "[]"

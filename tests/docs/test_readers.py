@@ -214,8 +214,8 @@ def test_html_declared_cp1252(tmp_path):
 def test_html_structure(tmp_path):
     path = tmp_path / "structure.html"
     path.write_text(
-        "<html><body><h2>Section</h2><!-- COMMENT-NOISE -->"
-        "<p>Inline <b>bold</b>\n   and <i>italic</i>.<br>After break.</p>"
+        "<html><body><h2>Section</h2><!-- COMMENT-NOISE -->Loose text"
+        "<p>Inline <b>bold</b>\n   and <i>italic</i>.<br>After<script>NOISE</script> break.</p>"
         "<ul><li>one</li><li>two</li></ul>"
         "<table><tr><th>Key</th><th>Value</th></tr><tr><td>a</td><td>1</td></tr></table>"
         "<pre>code line\n    indented</pre>"
@@ -226,7 +226,7 @@ def test_html_structure(tmp_path):
     document = read(path)
     assert [page.text for page in document.pages] == [
         (
-            "Section\n\nInline bold and italic.\nAfter break.\n\none\n\ntwo\n\nKey | Value\n\n"
+            "Section\n\nLoose text\n\nInline bold and italic.\nAfter break.\n\none\n\ntwo\n\nKey | Value\n\n"
             "a | 1\n\ncode line\n    indented"
         ),
         "Second page",
