@@ -1,0 +1,43 @@
+"""`ellm bench`: the measurement plumbing and the bytes-per-token accounting."""
+from __future__ import annotations
+
+import json
+
+from gguf import GGUFReader
+
+from app.bench import kv_bytes_per_token_f16, model_bytes
+from app.models import default_model_path
+
+
+def test_weight_bytes_count_every_matrix_once_and_one_embedding_row():
+    path = default_model_path()
+    reader = GGUFReader(path, "r")
+    all_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    meta = model_bytes(path)
+    # SmolLM2 ties its output to the embedding: the whole matrix is read for the logits.
+    assert meta["weights"] == all_bytes + int(embd.n_bytes) // 49152
+    assert (meta["n_layers"], meta["n_kv_heads"], meta["head_dim"]) == (30, 3, 64)
+    assert kv_bytes_per_token_f16(meta) == 2 * 30 * 3 * 64 * 2
+
+
+def test_bench_llamacpp_json_and_plot(cli, tmp_path):
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    rc, text, _ = cli("bench", "--engines", "llamacpp", "--contexts", "64,128", "--steps", "4",
+                      "--json", str(out), "--plot", str(png))
+    assert rc == 0 and "llamacpp" in text and "GB/s" in text
+    report = json.loads(out.read_text())
+    assert set(report) == {"machine", "results"} and report["machine"]["read_bandwidth_gb_s"] > 0
+    assert [r["context"] for r in report["results"]] == [64, 128]
+    for r in report["results"]:
+        assert {"engine", "attention", "kv", "context", "prefill_tok_s", "decode_tok_s", "bytes_per_token",
+                "gb_s"} <= set(r)
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["decode_steps"] == 4
+        b = r["bytes_per_token"]
+        assert b["total"] == b["weights"] + b["kv"] and b["kv"] == 2 * 30 * 3 * 64 * 2 * r["context"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_rejects_unknown_engines(cli):
+    rc, _, err = cli("bench", "--engines", "gpu")
+    assert rc == 1 and "unknown engine 'gpu'" in err
