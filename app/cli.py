@@ -273,6 +273,26 @@ def cmd_bench(ctx: Context) -> int:
     return 0
 
 
+def cmd_hw(ctx: Context) -> int:
+    from app.hardware import format_report, hardware_report
+
+    a = ctx.args
+    root = getattr(a, "sysfs_root", None) or os.environ.get("ELLM_SYSFS_ROOT")
+    if root and not Path(root).is_dir():
+        raise CliError(f"{root}: no such sysfs folder (--sysfs-root / ELLM_SYSFS_ROOT)")
+    s = ctx.session.settings
+    docs = [d["tokens"] for d in ctx.store.documents() if d["status"] == "ingested"]
+    report = hardware_report(sysfs_root=root,
+                             model_path=ctx.model_path, kv=a.kv or s.kv, doc_tokens=docs,
+                             threads=a.threads if a.threads is not None else s.threads,
+                             numa_policy=a.numa or s.numa, probe_bandwidth=not a.no_probe, context=a.context)
+    if ctx.json:
+        ctx.print_json(report)
+    else:
+        print(format_report(report))
+    return 0
+
+
 # ---- Parser ----------------------------------------------------------------------
 
 
@@ -283,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where the store, models folder and caches live (env ELLM_DATA_DIR)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable output")
+    common.add_argument("--sysfs-root", default=argparse.SUPPRESS, metavar="DIR",
+                        help="read the CPU topology from another sysfs tree (env ELLM_SYSFS_ROOT)")
 
     def engine_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--engine", choices=ENGINES, default=None, help="inference engine (default: settings, auto)")
@@ -335,6 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=64, metavar="N", help="tokens to generate")
     p.add_argument("--greedy", action="store_true")
     p.set_defaults(func=cmd_complete)
+
+    p = sub.add_parser("hw", parents=[common], help="CPU topology, thread plan, bandwidth and KV budget")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="threads to plan (0: physical cores)")
+    p.add_argument("--numa", choices=("distribute", "isolate", "none"), default=None, help="NUMA policy")
+    p.add_argument("--kv", default=None, help="KV cache precision for the calculator (f16, k8v8, k8v4, k4v4)")
+    p.add_argument("--context", type=int, default=None, metavar="N", help="context length to check against free RAM")
+    p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+    p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe")
+    p.set_defaults(func=cmd_hw)
 
     # bench has its own --json FILE, so it takes only --data-dir from the common options.
     data_only = argparse.ArgumentParser(add_help=False)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 ENGINES = ("auto", "ellm", "llamacpp")
+NUMA_POLICIES = ("distribute", "isolate", "none")  # as app.engine.threads.NUMA_POLICIES
 
 
 def default_data_dir() -> Path:
@@ -61,6 +62,8 @@ class Settings:
     repeat_penalty: float = 1.1
     seed: int = 0
     threads: int = 0  # 0 = one per physical core
+    numa: str = "distribute"  # NUMA policy: distribute | isolate | none
+    kv: str = "f16"  # KV cache precision (f16 until the quantized cache lands)
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -69,6 +72,8 @@ class Settings:
             raise ValueError(f"context length must be at least 256 tokens, not {self.n_ctx}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
+        if self.numa not in NUMA_POLICIES:
+            raise ValueError(f"NUMA policy must be one of {', '.join(NUMA_POLICIES)}, not {self.numa!r}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "Settings":
