@@ -136,8 +136,36 @@ def cite(store: Store, answer: str, question: str, plan: ContextPlan) -> list[di
 
 
 def passage(store: Store, doc_id: int, page: int, answer: str, in_context: dict) -> str:
-    """The passage of ``page`` that best matches the answer (a chunk), else the page's opening."""
+    """The sentences of ``page`` that best match the answer: the best chunk (BM25),
+    narrowed to the run of sentences that shares the most words with the answer."""
     hits = store.search_chunks([doc_id], answer, limit=1, pages=[page])
     text = hits[0]["text"] if hits else in_context[(doc_id, page)].text
-    text = " ".join(text.split())
-    return text if len(text) <= PASSAGE_CHARS else text[: PASSAGE_CHARS - 1].rsplit(" ", 1)[0] + "…"
+    return best_window(" ".join(text.split()), answer, PASSAGE_CHARS)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+
+def best_window(text: str, query: str, limit: int) -> str:
+    """At most ~``limit`` chars of ``text``: the sentence sharing most content words
+    with ``query``, grown with its neighbours while it fits."""
+    if len(text) <= limit:
+        return text
+    wanted = {w for w in re.findall(r"\w+", query.lower()) if len(w) > 2}
+    sentences = [x for x in _SENTENCE_END.split(text) if x]
+    scores = [len(wanted & set(re.findall(r"\w+", x.lower()))) for x in sentences]
+    best = max(range(len(sentences)), key=lambda i: (scores[i], -i))
+    lo = hi = best
+    size = len(sentences[best])
+    while True:  # grow towards the side that adds more matching words
+        options = [(scores[i], i) for i in (lo - 1, hi + 1)
+                   if 0 <= i < len(sentences) and size + 1 + len(sentences[i]) <= limit]
+        if not options:
+            break
+        _, i = max(options)
+        size += 1 + len(sentences[i])
+        lo, hi = min(lo, i), max(hi, i)
+    window = " ".join(sentences[lo: hi + 1])
+    if len(window) > limit:  # one giant sentence
+        window = window[: limit - 1].rsplit(" ", 1)[0] + "…"
+    return window

@@ -31,20 +31,34 @@ def run_gui(paths: Paths, screenshot: str | None = None) -> int:
     window = MainWindow(Session(paths))
     if screenshot:
         return save_screenshot(app, window, screenshot)
+    install_excepthook(window)
     window.show()
     return app.exec()
 
 
+def install_excepthook(window) -> None:
+    """An unexpected error in a slot becomes a readable message in the window (the
+    traceback goes to stderr only) instead of ending the application."""
+    import traceback
+
+    def hook(kind, value, tb):
+        traceback.print_exception(kind, value, tb)
+        window.show_error(f"Unexpected error: {value or kind.__name__}")
+
+    sys.excepthook = hook
+
+
 def save_screenshot(app, window, path: str) -> int:
-    """Show the window with the most recent answer (if any) and save it as a PNG."""
+    """Show the window with the most recent answer (if any), the viewer on its first
+    citation, and save it as a PNG."""
     window.resize(1200, 760)
-    if window.docs:
-        recent = window.session.store.answers(limit=1)
-        target = recent[0]["doc_ids"][0] if recent else window.docs[0]["id"]
-        window.library.select_id(target)
     window.show()
+    app.processEvents()
+    window.show_latest_answer()
     for _ in range(5):
         app.processEvents()
+    window.viewer.fit_width()  # the layout has settled: render the page at the final width
+    app.processEvents()
     ok = window.grab().save(path, "PNG")
     window.close()
     if not ok:

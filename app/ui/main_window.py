@@ -1,186 +1,30 @@
-"""The main window: the library on the left, the ask pane on the right."""
+"""The main window: the library on the left, the document viewer in the middle, and
+the ask / summary / hardware tabs on the right. It wires the panes to the services
+(ingest, ask) and to each other; the panes hold the widgets."""
 from __future__ import annotations
 
-import html
+import os
+import time
 
-from PySide6.QtCore import Qt, QThreadPool, Signal
+from PySide6.QtCore import Qt, QThreadPool
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (
-    QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QListWidget,
-    QListWidgetItem, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSplitter, QTableWidget,
-    QTableWidgetItem, QTextBrowser, QToolBar, QVBoxLayout, QWidget,
-)
+from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget, QToolBar
 
+from app.history import PastAnswer, history, latest
+from app.live import LiveRate
 from app.session import Session
+from app.ui.ask_pane import AskPane
+from app.ui.hardware_tab import HardwareTab
+from app.ui.library import FolderWatcher, LibraryPane
+from app.ui.settings_dialog import SettingsDialog
+from app.ui.summary_pane import SummaryPane
+from app.ui.viewer import DocumentViewer
 from app.ui.workers import Job, JobControl, start
 
-COLUMNS = ("Title", "Pages", "Tokens", "Status")
+__all__ = ["AskPane", "LibraryPane", "MainWindow"]
 
-
-class LibraryPane(QWidget):
-    """The documents with their status; failed ones show why."""
-
-    sig_selection_changed = Signal(list)
-    """The ids of the selected documents."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
-        heading = QLabel("Library")
-        heading.setObjectName("heading")
-        layout.addWidget(heading)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.verticalHeader().setVisible(False)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.Stretch)
-        for col in range(1, len(COLUMNS)):
-            header.setSectionResizeMode(col, QHeaderView.ResizeToContents)
-        self.table.itemSelectionChanged.connect(self._selection_changed)
-        layout.addWidget(self.table)
-        self.progress = QProgressBar()
-        self.progress.setVisible(False)
-        self.current = QLabel("")
-        self.current.setObjectName("status")
-        self.current.setWordWrap(True)
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setVisible(False)
-        row = QHBoxLayout()
-        row.addWidget(self.progress, 1)
-        row.addWidget(self.cancel_button)
-        layout.addLayout(row)
-        layout.addWidget(self.current)
-
-    def set_documents(self, docs: list[dict]) -> None:
-        selected = set(self.selected_ids())
-        self.table.setRowCount(len(docs))
-        for r, d in enumerate(docs):
-            values = (d["title"] or d["path"], str(d["pages"]), str(d["tokens"]), d["status"])
-            for c, v in enumerate(values):
-                item = QTableWidgetItem(v)
-                item.setData(Qt.UserRole, d["id"])
-                tip = d["path"] + (f"\n{d['status']}: {d['error']}" if d["error"] else "")
-                item.setToolTip(tip)
-                if c in (1, 2):
-                    item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
-                if d["status"] == "failed":
-                    item.setForeground(Qt.darkRed)
-                    if c == 3:
-                        item.setText(f"failed: {d['error']}")
-                self.table.setItem(r, c, item)
-            if d["id"] in selected:
-                self.table.selectRow(r)
-
-    def selected_ids(self) -> list[int]:
-        rows = sorted({i.row() for i in self.table.selectedItems()})
-        return [self.table.item(r, 0).data(Qt.UserRole) for r in rows]
-
-    def select_id(self, doc_id: int) -> None:
-        for r in range(self.table.rowCount()):
-            if self.table.item(r, 0).data(Qt.UserRole) == doc_id:
-                self.table.selectRow(r)
-                return
-
-    def _selection_changed(self) -> None:
-        self.sig_selection_changed.emit(self.selected_ids())
-
-
-class AskPane(QWidget):
-    """A question, the streamed answer, its citations and timings."""
-
-    sig_ask = Signal(str)
-    """The person asked this question."""
-    sig_stop = Signal()
-    """The person wants the answer to stop."""
-    sig_citation = Signal(int, int)
-    """A citation was activated: (document id, page)."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
-        self.target = QLabel("Select a document in the library")
-        self.target.setObjectName("heading")
-        layout.addWidget(self.target)
-        row = QHBoxLayout()
-        self.question = QLineEdit()
-        self.question.setObjectName("question")
-        self.question.setPlaceholderText("Ask a question about the whole document…")
-        self.question.returnPressed.connect(self._ask)
-        self.ask_button = QPushButton("Ask")
-        self.ask_button.setObjectName("primary")
-        self.ask_button.clicked.connect(self._ask)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setEnabled(False)
-        self.stop_button.clicked.connect(self.sig_stop.emit)
-        row.addWidget(self.question, 1)
-        row.addWidget(self.ask_button)
-        row.addWidget(self.stop_button)
-        layout.addLayout(row)
-        self.answer = QTextBrowser()
-        self.answer.setObjectName("answer")
-        self.answer.setOpenLinks(False)
-        layout.addWidget(self.answer, 3)
-        self.note = QLabel("")
-        self.note.setObjectName("status")
-        self.note.setWordWrap(True)
-        layout.addWidget(self.note)
-        heading = QLabel("Citations")
-        heading.setObjectName("heading")
-        layout.addWidget(heading)
-        self.citations = QListWidget()
-        self.citations.setObjectName("citations")
-        self.citations.setWordWrap(True)
-        self.citations.itemActivated.connect(self._citation)
-        self.citations.itemClicked.connect(self._citation)
-        layout.addWidget(self.citations, 1)
-        self.stats = QLabel("")
-        self.stats.setObjectName("stats")
-        layout.addWidget(self.stats)
-
-    def _ask(self) -> None:
-        q = self.question.text().strip()
-        if q and self.ask_button.isEnabled():
-            self.sig_ask.emit(q)
-
-    def _citation(self, item: QListWidgetItem) -> None:
-        doc_id, page = item.data(Qt.UserRole)
-        self.sig_citation.emit(doc_id, page)
-
-    def set_busy(self, busy: bool) -> None:
-        self.ask_button.setEnabled(not busy)
-        self.stop_button.setEnabled(busy)
-
-    def begin(self, question: str) -> None:
-        self._text = ""
-        self.answer.setHtml(f"<p><b>{html.escape(question)}</b></p>")
-        self.citations.clear()
-        self.note.setText("")
-        self.stats.setText("Reading the document…")
-
-    def append(self, piece: str) -> None:
-        self._text = getattr(self, "_text", "") + piece
-        self.answer.setPlainText(self._text)
-        self.answer.moveCursor(self.answer.textCursor().MoveOperation.End)
-
-    def show_answer(self, question: str, answer: str, citations: list[dict], timings: dict,
-                    titles: dict[int, str], note: str = "", cancelled: bool = False) -> None:
-        body = html.escape(answer).replace("\n", "<br>")
-        stopped = " <i>(stopped)</i>" if cancelled else ""
-        self.answer.setHtml(f"<p><b>{html.escape(question)}</b></p><p>{body}{stopped}</p>")
-        self.note.setText(note)
-        self.citations.clear()
-        for c in citations:
-            item = QListWidgetItem(f"{titles.get(c['doc'], c['doc'])}, p. {c['page']} — “{c['text'][:220]}”")
-            item.setData(Qt.UserRole, (c["doc"], c["page"]))
-            self.citations.addItem(item)
-        if timings:
-            self.stats.setText(
-                f"{timings.get('prompt_tokens', 0)} prompt tokens · first token after "
-                f"{timings.get('ttft_s', 0):.2f} s · {timings.get('decode_tok_s', 0):.1f} tokens/s")
+LIBRARY_REFRESH_S = 0.5  # while ingesting, show new documents at most this often
+CLOSE_WAIT_MS = 15_000  # how long closing waits for cancelled work to reach a stopping point
 
 
 class MainWindow(QMainWindow):
@@ -188,54 +32,94 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.session = session
         self.pool = QThreadPool.globalInstance()
+        self.docs: list[dict] = []
         self.ingest_job: Job | None = None
         self.ask_job: Job | None = None
+        self.pending_rescan: list[str] = []  # folders that changed while an ingestion ran
+        self._ingest_summary = ""
+        self._last_refresh = 0.0
+        self._context_tokens = 0  # tokens of the documents being asked about, for the live GB/s
+        self.live = LiveRate()
         self.setWindowTitle("eLLM — ask your documents")
         self.resize(1200, 760)
 
         self.library = LibraryPane()
+        self.viewer = DocumentViewer(session.store)
         self.ask_pane = AskPane()
+        self.summary_pane = SummaryPane(session, self.pool)
+        self.hardware_tab = HardwareTab(session, self.pool)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("sideTabs")
+        self.tabs.addTab(self.ask_pane, "Ask")
+        self.tabs.addTab(self.summary_pane, "Summary")
+        self.tabs.addTab(self.hardware_tab, "Hardware")
+        self.tabs.currentChanged.connect(self._tab_changed)
         splitter = QSplitter()
-        splitter.addWidget(self.library)
-        splitter.addWidget(self.ask_pane)
-        splitter.setSizes([460, 740])
+        splitter.setObjectName("main")
+        for w in (self.library, self.viewer, self.tabs):
+            splitter.addWidget(w)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([370, 390, 440])
         self.setCentralWidget(splitter)
-
-        toolbar = QToolBar("Main")
-        toolbar.setMovable(False)
-        self.addToolBar(toolbar)
-        self.open_action = QAction("Open folder…", self)
-        self.open_action.setShortcut(QKeySequence.Open)
-        self.open_action.triggered.connect(self.choose_folder)
-        toolbar.addAction(self.open_action)
-        self.rescan_action = QAction("Rescan", self)
-        self.rescan_action.setShortcut(QKeySequence.Refresh)
-        self.rescan_action.triggered.connect(self.rescan)
-        toolbar.addAction(self.rescan_action)
-        self.ask_action = QAction("Ask", self)
-        self.ask_action.setShortcut(QKeySequence("Ctrl+Return"))
-        self.ask_action.triggered.connect(self.ask_pane._ask)
-        self.addAction(self.ask_action)
-        self.stop_action = QAction("Stop", self)
-        self.stop_action.setShortcut(QKeySequence(Qt.Key_Escape))
-        self.stop_action.triggered.connect(self.stop)
-        self.addAction(self.stop_action)
+        self.watcher = FolderWatcher(parent=self)
+        self._build_actions()
 
         self.library.sig_selection_changed.connect(self.selection_changed)
+        self.library.sig_open_folder.connect(self.choose_folder)
+        self.library.sig_remove_folder.connect(self.remove_folder)
         self.library.cancel_button.clicked.connect(self.cancel_ingest)
         self.ask_pane.sig_ask.connect(self.ask)
         self.ask_pane.sig_stop.connect(self.stop)
+        self.ask_pane.sig_citation.connect(self.show_citation)
+        self.ask_pane.sig_history_search.connect(self.search_history)
+        self.watcher.sig_changed.connect(self.folders_changed)
+        for pane in (self.summary_pane, self.hardware_tab):
+            pane.sig_error.connect(self.show_error)
+            pane.sig_message.connect(self.statusBar().showMessage)
         self.statusBar().showMessage(f"Data: {session.paths.root}")
         self.refresh()
 
+    def _build_actions(self) -> None:
+        toolbar = QToolBar("Main")
+        toolbar.setObjectName("mainToolbar")
+        toolbar.setMovable(False)
+        self.addToolBar(toolbar)
+
+        def action(text: str, shortcut, slot, tip: str = "", in_toolbar: bool = True) -> QAction:
+            a = QAction(text, self)
+            a.setShortcut(QKeySequence(shortcut))
+            a.setToolTip(f"{tip or text} ({a.shortcut().toString(QKeySequence.NativeText)})")
+            a.triggered.connect(slot)
+            (toolbar.addAction if in_toolbar else self.addAction)(a)
+            return a
+
+        self.open_action = action("Open folder…", QKeySequence.Open, self.choose_folder,
+                                  "Add a folder of documents to the library")
+        self.rescan_action = action("Rescan", QKeySequence.Refresh, self.rescan, "Look for new and changed files")
+        self.settings_action = action("Settings…", "Ctrl+,", self.open_settings, "Model, engine, context, threads")
+        self.ask_action = action("Ask", "Ctrl+Return", self.ask_pane._ask, in_toolbar=False)
+        self.stop_action = action("Stop", Qt.Key_Escape, self.stop, in_toolbar=False)
+        self.zoom_in_action = action("Zoom in", QKeySequence.ZoomIn, self.viewer.zoom_in, in_toolbar=False)
+        self.zoom_out_action = action("Zoom out", QKeySequence.ZoomOut, self.viewer.zoom_out, in_toolbar=False)
+        self.next_page_action = action("Next page", Qt.Key_PageDown, self.viewer.next_page, in_toolbar=False)
+        self.prev_page_action = action("Previous page", Qt.Key_PageUp, self.viewer.previous_page, in_toolbar=False)
+
     # ---- Public API --------------------------------------------------------
 
-    def refresh(self) -> None:
+    def refresh(self, watch: bool = True) -> None:
+        """Read the documents and folders again and show them; watch the folders."""
+        folders = self.session.store.folders()
         self.docs = self.session.store.documents()
+        self.library.set_folders(folders)
         self.library.set_documents(self.docs)
+        if watch:
+            self.watcher.watch(folders)
 
     def titles(self) -> dict[int, str]:
-        return {d["id"]: d["title"] or d["path"] for d in self.docs}
+        return {d["id"]: d["title"] or os.path.basename(d["path"]) for d in self.docs}
+
+    def document(self, doc_id: int) -> dict | None:
+        return next((d for d in self.docs if d["id"] == doc_id), None)
 
     def choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Open a folder of documents")
@@ -246,6 +130,20 @@ class MainWindow(QMainWindow):
         folders = self.session.store.folders()
         if folders:
             self.ingest(folders)
+
+    def remove_folder(self, folder: str) -> None:
+        self.session.store.remove_folder(folder)
+        self.statusBar().showMessage(f"{folder} is no longer watched; its documents stay in the library")
+        self.library.choose_folder(None)
+        self.refresh()
+
+    def folders_changed(self, folders: list[str]) -> None:
+        """Files changed under ``folders`` (the watcher, debounced): ingest them again."""
+        if self.ingest_job is not None:
+            self.pending_rescan += [f for f in folders if f not in self.pending_rescan]
+            return
+        self.statusBar().showMessage("Files changed: " + ", ".join(folders))
+        self.ingest(folders)
 
     def ingest(self, paths: list[str]) -> Job:
         from app.ingest import ingest
@@ -261,30 +159,39 @@ class MainWindow(QMainWindow):
 
         job = Job(work)
         job.signals.sig_progress.connect(self._ingest_progress)
-        job.signals.sig_done.connect(lambda report: self.statusBar().showMessage(report.summary()))
+        job.signals.sig_done.connect(self._ingested)
         job.signals.sig_error.connect(self.show_error)
         job.signals.sig_finished.connect(self._ingest_finished)
-        self.library.progress.setVisible(True)
-        self.library.progress.setRange(0, 0)
-        self.library.cancel_button.setVisible(True)
-        self.library.current.setText("Looking for documents…")
+        self.library.begin_progress("Looking for documents…")
         self.ingest_job = start(job, self.pool)
         return job
 
     def cancel_ingest(self) -> None:
         if self.ingest_job:
             self.ingest_job.cancel()
+            self.library.current.setText("Stopping after the current file…")
 
     def selection_changed(self, ids: list[int]) -> None:
         titles = self.titles()
-        if not ids:
-            self.ask_pane.target.setText("Select a document in the library")
+        self.ask_pane.set_target(ids, titles)
+        first = self.document(ids[0]) if ids else None
+        if first is None or self.viewer.doc_id != first["id"]:
+            self.viewer.show_document(first)
+        if self.summary_pane.doc is None or first is None or self.summary_pane.doc["id"] != first["id"]:
+            self.summary_pane.set_document(first)
+        if first is None:
+            self.ask_pane.set_history([])
             return
-        self.ask_pane.target.setText("Ask about: " + "; ".join(titles.get(i, str(i)) for i in ids))
-        history = self.session.store.answers(doc_id=ids[0], limit=1)
-        if history and self.ask_job is None:
-            h = history[0]
-            self.ask_pane.show_answer(h["question"], h["answer"], h["citations"] or [], h["timings"] or {}, titles)
+        entries = self.search_history(self.ask_pane.history_search.text())
+        if entries and self.ask_job is None and not self.ask_pane.history_search.text().strip():
+            self.ask_pane.show_past(entries[0])
+
+    def search_history(self, text: str) -> list[PastAnswer]:
+        """The selected document's earlier answers matching ``text`` (all for ""), shown in the list."""
+        ids = self.library.selected_ids()
+        entries = history(self.session.store, ids[0], text) if ids else []
+        self.ask_pane.set_history(entries)
+        return entries
 
     def ask(self, question: str) -> Job | None:
         from app.ask import ask
@@ -303,45 +210,127 @@ class MainWindow(QMainWindow):
                        model_name=session.model_path.name, on_text=ctl.text, cancel=ctl.cancelled)
 
         job = Job(work)
-        job.signals.sig_text.connect(self.ask_pane.append)
+        job.signals.sig_text.connect(self._streamed)
         job.signals.sig_done.connect(self._answered)
         job.signals.sig_error.connect(self.show_error)
         job.signals.sig_finished.connect(self._ask_finished)
+        self.live = LiveRate()
+        self._context_tokens = min(sum(d["tokens"] for d in (self.document(i) for i in ids) if d),
+                                   self._n_ctx())
         self.ask_pane.begin(question)
         self.ask_pane.set_busy(True)
+        self.tabs.setCurrentWidget(self.ask_pane)
         self.ask_job = start(job, self.pool)
         return job
 
     def stop(self) -> None:
         if self.ask_job:
             self.ask_job.cancel()
+        elif self.summary_pane.job:
+            self.summary_pane.cancel()
+
+    def show_citation(self, doc_id: int, page: int, passage: str = "") -> bool:
+        """Open the cited page in the viewer with the passage highlighted."""
+        found = self.viewer.show_citation(doc_id, page, passage)
+        title = self.titles().get(doc_id, str(doc_id))
+        self.statusBar().showMessage(f"{title}, page {page}" + ("" if found or not passage else
+                                                                 " (the passage could not be located on the page)"))
+        return found
+
+    def show_latest_answer(self) -> PastAnswer | None:
+        """Select the most recently answered document, show that answer and open the
+        viewer on its first citation (what `ellm gui --screenshot` shows)."""
+        past = latest(self.session.store)
+        if past is None or not past.doc_ids:
+            if self.docs:
+                self.library.select_id(next((d["id"] for d in self.docs if d["status"] == "ingested"),
+                                            self.docs[0]["id"]))
+            return None
+        self.library.select_id(past.doc_ids[0])
+        self.ask_pane.show_past(past)
+        self.ask_pane.set_history(history(self.session.store, past.doc_ids[0]), select_id=past.id)
+        if past.citations:
+            c = past.citations[0]
+            self.show_citation(c["doc"], c["page"], c.get("text", ""))
+        return past
+
+    def open_settings(self) -> SettingsDialog:
+        dialog = SettingsDialog(self.session, self)
+        dialog.accepted.connect(lambda: self.statusBar().showMessage("Settings saved; used from the next answer"))
+        dialog.open()
+        return dialog
 
     def show_error(self, message: str) -> None:
+        """A readable message in the status bar and a non-modal box (never a traceback)."""
         self.statusBar().showMessage(message)
         box = QMessageBox(QMessageBox.Warning, "eLLM", message, QMessageBox.Ok, self)
         box.setModal(False)
         box.show()
         self._error_box = box
 
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        """Closing stops the work in progress: an answer at its next token, ingestion
+        after the current file, a summary at its next token."""
+        for job in (self.ask_job, self.ingest_job, self.summary_pane.job):
+            if job is not None:
+                job.cancel()
+        self.watcher.timer.stop()
+        self.pool.waitForDone(CLOSE_WAIT_MS)
+        super().closeEvent(event)
+
     # ---- Slots ------------------------------------------------------------------
 
     def _ingest_progress(self, done: int, total: int, what: str) -> None:
-        self.library.progress.setRange(0, max(total, 1))
-        self.library.progress.setValue(done)
-        self.library.current.setText(what)
-        self.refresh()
+        self.library.set_progress(done, total, what)
+        now = time.monotonic()
+        if now - self._last_refresh >= LIBRARY_REFRESH_S or done >= total:  # a big folder: not per file
+            self._last_refresh = now
+            self.refresh(watch=False)
+
+    def _ingested(self, report) -> None:
+        self.statusBar().showMessage(report.summary())
+        self._ingest_summary = report.summary()
 
     def _ingest_finished(self) -> None:
         self.ingest_job = None
-        self.library.progress.setVisible(False)
-        self.library.cancel_button.setVisible(False)
-        self.library.current.setText("")
+        self.library.end_progress(self._ingest_summary)
+        self._ingest_summary = ""
         self.refresh()
+        if self.pending_rescan:
+            folders, self.pending_rescan = self.pending_rescan, []
+            self.ingest(folders)
+
+    def _streamed(self, piece: str) -> None:
+        self.ask_pane.append(piece)
+        self.live.add(1)
+        tok_s = self.live.tok_s
+        if tok_s is not None:
+            per_token = self.hardware_tab.bytes_per_token(self._context_tokens)
+            gb_s = self.live.gb_s(per_token)
+            self.ask_pane.set_live(f"Generating… ≈{tok_s:.1f} tokens/s"
+                                   + (f", ≈{gb_s:.2f} GB/s read" if gb_s is not None else ""))
+            self.hardware_tab.set_live(tok_s, gb_s)
 
     def _answered(self, answer) -> None:
+        attended = (answer.extra or {}).get("attended") or getattr(answer, "attended", None)
         self.ask_pane.show_answer(answer.question, answer.answer, answer.citations, answer.timings,
-                                  self.titles(), answer.plan.note, answer.cancelled)
+                                  self.titles(), answer.plan.note, answer.cancelled, attended)
+        ids = self.library.selected_ids()
+        if ids:
+            self.ask_pane.set_history(history(self.session.store, ids[0], self.ask_pane.history_search.text()),
+                                      select_id=answer.answer_id)
 
     def _ask_finished(self) -> None:
         self.ask_job = None
         self.ask_pane.set_busy(False)
+        self.hardware_tab.set_live(None, None)
+
+    def _n_ctx(self) -> int:
+        try:
+            return self.session.settings.n_ctx
+        except Exception:  # unreadable settings are reported when the answer starts
+            return 0
+
+    def _tab_changed(self, index: int) -> None:
+        if self.tabs.widget(index) is self.hardware_tab:
+            self.hardware_tab.ensure_loaded()

@@ -32,10 +32,18 @@ class JobControl:
         self._cancel = threading.Event()
 
     def progress(self, done: int, total: int, what: str = "") -> None:
-        self._signals.sig_progress.emit(done, total, what)
+        self._emit(self._signals.sig_progress, done, total, what)
 
     def text(self, piece: str) -> None:
-        self._signals.sig_text.emit(piece)
+        self._emit(self._signals.sig_text, piece)
+
+    def _emit(self, signal, *args) -> None:
+        """Emit, or stop the work when nobody can hear it any more (the window that
+        started it was closed and its signal object deleted)."""
+        try:
+            signal.emit(*args)
+        except RuntimeError:
+            self._cancel.set()
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -53,16 +61,17 @@ class Job(QRunnable):
         self.setAutoDelete(False)
 
     def run(self) -> None:
+        emit = self.control._emit
         try:
             result = self.fn(self.control)
         except Exception as e:  # shown as a message, never a traceback dialog
             traceback.print_exc()
             message = str(e) or type(e).__name__
-            self.signals.sig_error.emit(message)
+            emit(self.signals.sig_error, message)
         else:
-            self.signals.sig_done.emit(result)
+            emit(self.signals.sig_done, result)
         finally:
-            self.signals.sig_finished.emit()
+            emit(self.signals.sig_finished)
 
     def cancel(self) -> None:
         self.control.cancel()

@@ -128,3 +128,16 @@ def test_complete_greedy_is_deterministic(cli):
     assert rc == rc2 == 0
     assert a["tokens"] == b["tokens"] and len(a["tokens"]) <= 12 and a["text"]
     assert set(a) >= {"text", "tokens", "timings"}
+
+
+def test_cited_passage_is_the_matching_sentence_not_the_page_opening():
+    from app.ask import best_window
+
+    page = ("Riverside Harbour Authority annual report. This report describes the work of the year. "
+            + "Traffic grew on the river and the quays were busy all summer long. " * 4
+            + "The new steel lock gates cost 2.4 million euros. They were made in Rotterdam. "
+            + "Tolls brought in 5.1 million euros. " * 3)
+    window = best_window(page, "The new gates cost 2.4 million euros.", 160)
+    assert "lock gates cost 2.4 million euros" in window and len(window) <= 160
+    assert not window.startswith("Riverside")
+    assert best_window("Short page.", "anything", 160) == "Short page."

@@ -4,34 +4,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 from PySide6.QtCore import Qt
 
-from app.config import Paths, Settings
-from app.session import Session
-from app.ui.main_window import MainWindow
-
-
-@pytest.fixture
-def session(data_dir):
-    s = Session(Paths.resolve(data_dir))
-    s.save_settings(Settings(engine="llamacpp", n_ctx=2048, max_tokens=40, temperature=0.0))
-    return s
-
-
-@pytest.fixture
-def window(qtbot, session):
-    w = MainWindow(session)
-    qtbot.addWidget(w)
-    w.show()
-    return w
-
-
-def ingest(qtbot, window, folder):
-    job = window.ingest([str(folder)])
-    with qtbot.waitSignal(job.signals.sig_finished, timeout=60_000):
-        pass
-    qtbot.waitUntil(lambda: window.ingest_job is None)
+from app.config import Settings
+from tests.ui.helpers import ingest
 
 
 def status_of(window, title):

@@ -1,0 +1,42 @@
+"""Steps the window tests share: ingest a folder, ask a question, find a row."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+ANSWER_TIMEOUT_MS = 180_000  # two cores shared with other work: be patient, never flaky
+
+
+def ingest(qtbot, window, folder):
+    """Ingest ``folder`` through the window and wait until the library shows the result."""
+    job = window.ingest([str(folder)])
+    with qtbot.waitSignal(job.signals.sig_finished, timeout=120_000):
+        pass
+    qtbot.waitUntil(lambda: window.ingest_job is None)
+    return job
+
+
+def ask_and_wait(qtbot, window, question: str):
+    """Type ``question``, click Ask, wait for the answer; returns (answer, streamed pieces)."""
+    window.ask_pane.question.clear()
+    qtbot.keyClicks(window.ask_pane.question, question)
+    qtbot.mouseClick(window.ask_pane.ask_button, Qt.LeftButton)
+    job = window.ask_job
+    assert job is not None, window.statusBar().currentMessage()
+    pieces: list[str] = []
+    job.signals.sig_text.connect(pieces.append)
+    with qtbot.waitSignal(job.signals.sig_done, timeout=ANSWER_TIMEOUT_MS) as done:
+        pass
+    qtbot.waitUntil(lambda: window.ask_job is None, timeout=10_000)
+    return done.args[0], pieces
+
+
+def row_of(window, title: str) -> int:
+    t = window.library.table
+    for r in range(t.rowCount()):
+        if t.item(r, 0).text() == title:
+            return r
+    raise AssertionError(f"{title} not in the library: {[t.item(r, 0).text() for r in range(t.rowCount())]}")
+
+
+def doc_id(window, filename: str) -> int:
+    return window.session.store.find_documents(filename)[0]["id"]

@@ -1,0 +1,109 @@
+"""The answer history per document with its FTS5 search, attention-grounded
+passages when an answer has them, and the hardware tab with live speed."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from PySide6.QtCore import Qt, QUrl
+
+from app.ask import Answer
+from app.prompting import ContextPlan
+from tests.ui.helpers import ask_and_wait, doc_id, ingest
+
+
+def test_history_search_finds_an_earlier_answer(qtbot, window, corpus, session):
+    ingest(qtbot, window, corpus)
+    treaty, notes = doc_id(window, "treaty.pdf"), doc_id(window, "notes.txt")
+    store = session.store
+    store.add_answer([treaty], "When was the treaty signed?", "It was signed in 1848 [p. 1].",
+                     [{"doc": treaty, "page": 1, "text": "The Treaty of Foo was signed in 1848"}], "m", "llamacpp",
+                     {"prompt_tokens": 200, "ttft_s": 0.5, "decode_tok_s": 20.0})
+    store.add_answer([notes], "What is the budget?", "12 million euros.", [], "m", "llamacpp", {})
+    window.library.select_id(treaty)
+    answer, _ = ask_and_wait(qtbot, window, "Who kept the lighthouse lamp burning?")
+    pane = window.ask_pane
+    assert [e.question for e in pane.history_entries()] == ["Who kept the lighthouse lamp burning?",
+                                                            "When was the treaty signed?"]
+    assert pane.history.currentItem().data(Qt.UserRole).id == answer.answer_id
+
+    with qtbot.waitSignal(pane.sig_history_search, timeout=5_000):
+        qtbot.keyClicks(pane.history_search, "1848")
+    assert [e.question for e in pane.history_entries()] == ["When was the treaty signed?"]
+    item = pane.history.item(0)
+    qtbot.mouseClick(pane.history.viewport(), Qt.LeftButton, pos=pane.history.visualItemRect(item).center())
+    assert "It was signed in 1848" in pane.answer.toPlainText()
+    assert pane.citations.count() == 1 and pane.stats.text().startswith("200 prompt tokens")
+
+    pane.history_search.clear()
+    with qtbot.waitSignal(pane.sig_history_search, timeout=5_000):
+        qtbot.keyClicks(pane.history_search, "lighthouse keeper lamp")
+    assert [e.question for e in pane.history_entries()] == ["Who kept the lighthouse lamp burning?"]
+    pane.history_search.clear()
+    with qtbot.waitSignal(pane.sig_history_search, timeout=5_000):
+        qtbot.keyClicks(pane.history_search, "budget")  # asked about another document
+    assert pane.history_entries() == []
+    assert pane.history.item(0).text() == "No matching answers"
+
+    # the answer's own page references are links to the page
+    pane.history_search.clear()
+    window.search_history("")
+    pane.show_past(next(e for e in pane.history_entries() if e.question == "When was the treaty signed?"))
+    with qtbot.waitSignal(pane.sig_citation) as cited:
+        pane.answer.anchorClicked.emit(QUrl("page:1"))
+    assert cited.args == [treaty, 1, "The Treaty of Foo was signed in 1848"]
+    assert 'href="page:1"' in pane.answer.toHtml()
+
+
+def test_attention_grounded_passages_are_shown_when_present(qtbot, window, corpus):
+    ingest(qtbot, window, corpus)
+    treaty = doc_id(window, "treaty.pdf")
+    window.library.select_id(treaty)
+    pane = window.ask_pane
+    plain = Answer("Q?", "A.", [{"doc": treaty, "page": 1, "text": "x"}], {}, ContextPlan([], 0, 0, 0, 3),
+                   "ellm", "m", [treaty])
+    window._answered(plain)
+    assert pane.attended.isHidden() and pane.attended_heading.isHidden()
+
+    attended = [{"doc": treaty, "page": 3, "text": "The treaty ended in 1901"}]
+    grounded = Answer("Q?", "A.", [], {}, ContextPlan([], 0, 0, 0, 3), "ellm", "m", [treaty],
+                      extra={"attended": attended})
+    window._answered(grounded)
+    assert not pane.attended.isHidden() and pane.attended.count() == 1
+    assert pane.attended.item(0).text() == "p. 3 — River Treaty History\n“The treaty ended in 1901”"
+    item = pane.attended.item(0)
+    with qtbot.waitSignal(pane.sig_citation) as cited:
+        qtbot.mouseClick(pane.attended.viewport(), Qt.LeftButton, pos=pane.attended.visualItemRect(item).center())
+    assert cited.args == [treaty, 3, "The treaty ended in 1901"]
+    assert window.viewer.page == 3 and window.viewer.has_highlight()
+
+
+def test_hardware_tab_embeds_the_panel_and_shows_live_speed(qtbot, window, session, monkeypatch):
+    tab = window.hardware_tab
+    assert tab.available and tab.panel is None
+    job = tab.ensure_loaded(probe_bandwidth=False)
+    with qtbot.waitSignal(job.signals.sig_finished, timeout=120_000):
+        pass
+    qtbot.waitUntil(lambda: tab.job is None)
+    assert tab.panel is not None and tab.panel.isVisibleTo(tab) and tab.placeholder.isHidden()
+    kv = tab.report["kv"]
+    assert kv["model_bytes"] > 50_000_000 and kv["bytes_per_token"] > 0
+    assert tab.bytes_per_token(1000) == kv["model_bytes"] + 1000 * kv["bytes_per_token"]
+
+    # while an answer streams the panel shows tokens/s and the bytes they imply
+    window.live = SimpleNamespace(add=lambda n: None, tok_s=10.0, gb_s=lambda per_token: 10.0 * per_token / 1e9)
+    window.ask_pane.begin("Q?")
+    window._context_tokens = 1000
+    window._streamed("word")
+    expected_gb_s = 10.0 * tab.bytes_per_token(1000) / 1e9
+    assert tab.panel.live.text().startswith(f"Live: 10.0 tok/s, {expected_gb_s:.2f} GB/s")
+    assert window.ask_pane.stats.text() == f"Generating… ≈10.0 tokens/s, ≈{expected_gb_s:.2f} GB/s read"
+    window._ask_finished()
+    assert tab.panel.live.text() == "Live: idle"
+
+    # a new thread plan is saved and the report made again
+    with qtbot.waitSignal(window.statusBar().messageChanged, timeout=5_000):
+        tab.panel.sig_threads_changed.emit(1, "isolate")
+    assert (session.settings.threads, session.settings.numa) == (1, "isolate")
+    with qtbot.waitSignal(tab.job.signals.sig_finished, timeout=120_000):
+        pass
+    assert tab.report["threads"]["requested"] == 1 and tab.report["threads"]["count"] == 1
