@@ -11,7 +11,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-from app.models import ModelError, check_gguf_header, read_model_info
+from app.models import ModelError, check_gguf_header, scan_gguf, validate_model
 
 ELLM_ARCHITECTURES = ("llama", "qwen2")
 
@@ -29,7 +29,7 @@ def choose_engine(engine: str, model_path: Path) -> str:
         return engine
     if engine != "auto":
         raise ValueError(f"unknown engine {engine!r}; choose auto, ellm or llamacpp")
-    if ellm_available() and read_model_info(model_path).architecture in ELLM_ARCHITECTURES:
+    if ellm_available() and scan_gguf(model_path).architecture in ELLM_ARCHITECTURES:
         return "ellm"
     return "llamacpp"
 
@@ -56,7 +56,11 @@ _cache: dict[tuple, object] = {}
 
 def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0):
     """A loaded backend; one instance per (engine, model, context, threads) in a
-    process, because loading costs seconds and the GUI asks many questions."""
+    process, because loading costs seconds and the GUI asks many questions.
+
+    Before anything loads the file it is checked (app.models.validate_model): a
+    file that is not GGUF, is truncated or corrupt, or needs more memory than is
+    free is refused with a ModelError that says so, with the numbers."""
     check_gguf_header(model_path)
     chosen = choose_engine(engine, model_path)
     threads = threads or default_threads()
@@ -64,6 +68,9 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0):
     with _open_lock:
         if key in _cache:
             return _cache[key]
+        # The model loaded now is unloaded before the new one loads: its memory counts as free.
+        reclaimable = sum(_file_size(k[1]) for k in _cache)
+        validate_model(model_path, n_ctx, reclaimable=reclaimable)
         if chosen == "llamacpp":
             from app.engine.llamacpp_backend import LlamaCppBackend
 
@@ -80,6 +87,13 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0):
         return backend
 
 
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 @lru_cache(maxsize=4)
 def _vocab(model_path: str):
     import llama_cpp
@@ -93,8 +107,10 @@ def _vocab(model_path: str):
 def token_counter(model_path: Path):
     """count(text) -> number of tokens of ``text`` for this model's tokenizer."""
     try:
-        check_gguf_header(model_path)
+        scan_gguf(model_path)  # never hand llama.cpp a truncated or corrupt file
         vocab = _vocab(str(model_path))
+    except ModelError:
+        raise
     except Exception as e:
         raise ModelError(f"{model_path}: cannot load the tokenizer ({e})") from e
 

@@ -246,6 +246,18 @@ def cmd_complete(ctx: Context) -> int:
     return 0
 
 
+def cmd_doctor(ctx: Context) -> int:
+    from app.doctor import format_doctor, run_doctor
+
+    # Paths.resolve, not ctx.paths: checking a data directory must not create one.
+    report = run_doctor(Paths.resolve(getattr(ctx.args, "data_dir", None)), repair=not ctx.args.no_repair)
+    if ctx.json:
+        ctx.print_json(report)
+    else:
+        print(format_doctor(report))
+    return 0 if report["ok"] else 1
+
+
 def cmd_bench(ctx: Context) -> int:
     from app.bench import BenchConfig, format_table, plot, run_bench
 
@@ -366,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
     p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe")
     p.set_defaults(func=cmd_hw)
+
+    p = sub.add_parser("doctor", parents=[common], help="check the data directory and repair what is safe to repair")
+    p.add_argument("--no-repair", action="store_true", help="only check and report; change nothing")
+    p.set_defaults(func=cmd_doctor)
 
     # bench has its own --json FILE, so it takes only --data-dir from the common options.
     data_only = argparse.ArgumentParser(add_help=False)

@@ -6,18 +6,27 @@ the batch: it is stored as ``failed`` with a reason a person can act on.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from app import docs
+from app.locking import LockWaitCancelled, file_lock
 from app.store import Store
 from app.store.db import now
 
 CHUNK_CHARS = 800  # a chunk is a passage that a citation can point at
 HASH_BLOCK = 1 << 20
+TOKEN_COUNT_CHARS = 1 << 20
+"""Tokens are counted this many characters of pages at a time: llama.cpp's tokenizer
+allocates a token buffer as long as its input, so counting a 30 MB text in one call
+took ~20x its size in memory."""
+INGEST_LOCK = "ingest"  # app.locking purpose: one ingestion per data directory at a time
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,38 @@ class Candidate:
     problem: str = ""  # set when the path itself cannot be used
 
 
+def walk_files(root: str, on_error: Callable[[OSError], None]) -> Iterator[str]:
+    """Paths of the files under ``root`` in ``os.walk`` order (depth first, sorted),
+    skipping hidden entries and never following a symlinked folder (no loops).
+
+    Iterative, with a stack of its own: ``os.walk`` recurses once per level and
+    raised RecursionError on a tree about 1000 folders deep (Python 3.11)."""
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError as err:
+            on_error(err)
+            continue
+        folders, files = [], []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_dir = entry.is_dir()  # follows a link: a link to a folder is a folder
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                files.append(entry.name)  # includes broken and looping links: reported when read
+            elif not entry.is_symlink():
+                folders.append(entry.name)
+        for name in sorted(files):
+            yield os.path.join(top, name)
+        stack.extend(os.path.join(top, name) for name in sorted(folders, reverse=True))
+
+
 def collect(paths: Iterable[str | os.PathLike]) -> tuple[list[Candidate], list[str]]:
     """Files to ingest and the folders they came from. Folders are walked
     recursively without following directory symlinks (no loops); hidden entries
@@ -100,12 +141,9 @@ def collect(paths: Iterable[str | os.PathLike]) -> tuple[list[Candidate], list[s
             def on_error(err: OSError, root=root) -> None:
                 add(Candidate(str(err.filename), root, f"cannot read folder ({err.strerror})"))
 
-            for dirpath, dirnames, filenames in os.walk(root, onerror=on_error, followlinks=False):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                for name in sorted(filenames):
-                    if name.startswith(".") or Path(name).suffix.lower() not in docs.SUPPORTED_SUFFIXES:
-                        continue
-                    add(Candidate(os.path.join(dirpath, name), root))
+            for path in walk_files(root, on_error):
+                if Path(path).suffix.lower() in docs.SUPPORTED_SUFFIXES:
+                    add(Candidate(path, root))
         elif p.exists() or p.is_symlink():
             add(Candidate(str(p), None))
         else:
@@ -146,17 +184,54 @@ def chunk_page(text: str, limit: int = CHUNK_CHARS) -> list[tuple[int, int]]:
     return spans
 
 
+def count_document_tokens(document: docs.Document, count_tokens: TokenCounter) -> int:
+    """Tokens of ``document.text``, counted in slices of whole pages of about
+    TOKEN_COUNT_CHARS so memory stays bounded. A document shorter than a slice is
+    counted in one call, exactly; a longer one may differ by the few tokens that a
+    page separator merges with at the cut."""
+    total, batch, size = 0, [], 0
+    for page in document.pages:
+        batch.append(page.text)
+        size += len(page.text)
+        if size >= TOKEN_COUNT_CHARS:
+            total += count_tokens(docs.PAGE_SEPARATOR.join(batch))
+            batch, size = [], 0
+    if batch:
+        total += count_tokens(docs.PAGE_SEPARATOR.join(batch))
+    return total
+
+
 # ---- Ingestion -----------------------------------------------------------------
 
 
 TokenCounter = Callable[[str], int]
 
 
+def _data_dir_lock(store: Store, cancel: Callable[[], bool] | None):
+    """The data directory's ingest lock (app.locking), so two eLLM processes ingesting
+    at once take turns; none for a store that is not a file."""
+    if store.path == ":memory:" or store.path.startswith("file:"):
+        return nullcontext()
+    return file_lock(Path(store.path).parent, INGEST_LOCK, cancel=cancel)
+
+
 def ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: TokenCounter,
            progress: Callable[[IngestEvent], None] | None = None,
            cancel: Callable[[], bool] | None = None) -> IngestReport:
     """Ingest files and folders; ``progress`` hears about every file as it is done;
-    ``cancel`` is asked between files."""
+    ``cancel`` is asked between files. Another ingestion into the same data
+    directory (another process or thread) is waited for, then this one runs and
+    finds the files it already did unchanged."""
+    try:
+        with _data_dir_lock(store, cancel):
+            return _ingest(store, paths, count_tokens, progress, cancel)
+    except LockWaitCancelled:
+        return IngestReport(cancelled=True)
+
+
+def _ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: TokenCounter,
+            progress: Callable[[IngestEvent], None] | None,
+            cancel: Callable[[], bool] | None) -> IngestReport:
     candidates, folders = collect(paths)
     report = IngestReport()
     total = len(candidates)
@@ -185,6 +260,9 @@ def ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: Token
     return report
 
 
+GONE = "file disappeared while it was being read (moved or deleted?); ingest again if it comes back"
+
+
 def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tokens: TokenCounter) -> IngestEvent:
     path = cand.path
     old = store.document_by_path(path)
@@ -206,14 +284,22 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
         return failed(f"unsupported file type '{suffix or '(none)'}'; eLLM reads {kinds}")
     try:
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            # Opening a named pipe would wait forever for a writer.
+            return failed("not a regular file (a named pipe, socket or device); eLLM reads ordinary files only")
         digest = file_hash(path)
     except FileNotFoundError:
-        return failed("file disappeared while it was being read")
+        if os.path.islink(path):
+            return failed(f"is a symbolic link to {os.readlink(path)}, which does not exist; "
+                          "fix or remove the link")
+        return failed(GONE)
     except PermissionError:
         return failed("permission denied; make the file readable and ingest again")
     except IsADirectoryError:
         return failed("is a folder, not a file")
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            return failed("is a symbolic link that loops back on itself; fix or remove the link")
         return failed(f"cannot read the file ({e.strerror or e})")
     meta = {"content_hash": digest, "size": st.st_size, "mtime": st.st_mtime}
 
@@ -227,6 +313,8 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
     try:
         document = docs.read(path)
     except docs.DocumentError as e:
+        if not os.path.lexists(path):
+            return failed(GONE, **meta)
         return failed(e.reason, **meta)
     except MemoryError:
         return failed("file is too large to read into memory", **meta)
@@ -236,7 +324,7 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
     pages = [(p.number, p.start, p.text) for p in document.pages]
     chunks = [(p.number, p.start + s, p.start + e, p.text[s:e]) for p in document.pages
               for s, e in chunk_page(p.text)]
-    tokens = count_tokens(document.text)
+    tokens = count_document_tokens(document, count_tokens)
     record = dict(base, **meta, format=document.format, title=document.title, author=document.author,
                   pages=document.page_count, tokens=tokens, status="ingested", error=None, ingested_at=now())
     doc_id = store.save_document(record, pages, chunks)

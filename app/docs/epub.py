@@ -16,6 +16,7 @@ from lxml import etree
 
 from app.docs.archive import corrupt_zip_refused, open_checked_zip
 from app.docs.document import Extracted, Refused
+from app.docs.limits import MAX_TEXT_BYTES
 from app.docs.markup import decode_markup, html_body_text, parse_html
 from app.docs.text import clean_title, paginate
 
@@ -31,8 +32,10 @@ def read_epub(path: Path, size: int) -> Extracted:
         author = "; ".join(
             name for name in (clean_title(node.text) for node in _all(package, "creator")) if name
         )
+        chapters = _spine_paths(package, posixpath.dirname(package_path))
+        _check_text_size(archive, chapters)
         pages: list[str] = []
-        for chapter_path in _spine_paths(package, posixpath.dirname(package_path)):
+        for chapter_path in chapters:
             pages.extend(paginate(_chapter_text(archive, chapter_path)))
     return Extracted(pages=pages, title=title, author=author)
 
@@ -64,6 +67,17 @@ def _spine_paths(package: etree._Element, base: str) -> list[str]:
     return paths
 
 
+def _check_text_size(archive: zipfile.ZipFile, chapters: list[str]) -> None:
+    """The chapters are read whole and their text kept: bound them as an HTML file is."""
+    sizes = {info.filename: info.file_size for info in archive.infolist()}
+    total = sum(sizes.get(path, 0) for path in set(chapters))
+    if total > MAX_TEXT_BYTES:
+        raise Refused(
+            f"the book's chapters are {total / 2**20:.0f} MB of XHTML; books over "
+            f"{MAX_TEXT_BYTES // 2**20} MB of text are not read (split it into smaller files)"
+        )
+
+
 def _chapter_text(archive: zipfile.ZipFile, chapter_path: str) -> str:
     try:
         data = archive.read(chapter_path)
@@ -77,9 +91,12 @@ def _chapter_text(archive: zipfile.ZipFile, chapter_path: str) -> str:
 
 def _parse_xml(archive: zipfile.ZipFile, member: str, what: str) -> etree._Element:
     try:
-        data = archive.read(member)
+        size = archive.getinfo(member).file_size
     except KeyError:
         raise Refused(f"not a valid EPUB ({what} {member} is missing)") from None
+    if size > MAX_TEXT_BYTES:  # a package document is kilobytes; this one would be parsed whole
+        raise Refused(f"not a valid EPUB ({what} {member} is {size / 2**20:.0f} MB)")
+    data = archive.read(member)
     # No DTDs, no entity expansion, no network: an EPUB is untrusted XML (XXE, billion
     # laughs). A parser per call because lxml parsers must not be shared between threads.
     parser = etree.XMLParser(

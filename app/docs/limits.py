@@ -14,8 +14,11 @@ TITLE_MAX_CHARS = 120
 """A first heading or line longer than this is prose, not a title."""
 
 # ---- Memory guards
-MAX_TEXT_BYTES = 256 * 2**20
-"""TXT, MD and HTML files are read whole; decoding can take several times their size."""
+MAX_TEXT_BYTES = 32 * 2**20
+"""TXT, MD and HTML files are read whole; decoding, normalising and chunking take several
+times their size, so this bounds ingestion's memory (README, "Reliability and privacy").
+32 MB of text is about 8 million tokens, a thousand times the default context: a file that
+large is an export or a dump that is better split anyway."""
 
 MAX_ZIP_BYTES = 512 * 2**20
 """EPUB and DOCX are zip archives: refuse one that would expand past this."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pymupdf
 
 from app.docs.document import Extracted, Refused
+from app.docs.limits import MAX_TEXT_BYTES
 from app.docs.text import clean_title, normalise
 
 # pymupdf's "text" flags minus TEXT_PRESERVE_LIGATURES: "ﬁnd" becomes "find", which is what a
@@ -36,7 +37,15 @@ def read_pdf(path: Path, size: int) -> Extracted:
             )
         if document.page_count == 0:
             raise Refused("file is truncated or not a valid PDF (pymupdf: it has no pages)")
-        pages = [_page_text(document, index) for index in range(document.page_count)]
+        pages, chars = [], 0
+        for index in range(document.page_count):
+            pages.append(_page_text(document, index))
+            chars += len(pages[-1])
+            if chars > MAX_TEXT_BYTES:  # the pages' text is kept: bound it as a text file is
+                raise Refused(
+                    f"the PDF holds more than {MAX_TEXT_BYTES // 2**20} MB of text ({index + 1} of "
+                    f"{document.page_count} pages read); split it into smaller files"
+                )
         metadata = document.metadata or {}
     return Extracted(
         pages=pages,

@@ -17,6 +17,7 @@ from lxml import etree
 
 from app.docs.archive import corrupt_zip_refused, open_checked_zip
 from app.docs.document import Extracted, Refused, brief
+from app.docs.limits import MAX_TEXT_BYTES
 from app.docs.text import clean_title, normalise, paginate, short_title
 
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
@@ -37,7 +38,15 @@ def read_docx(path: Path, size: int) -> Extracted:
                 "DOCX is password-protected or is an old binary .doc renamed; remove the "
                 "password (or save it as .docx in Word) and ingest it again"
             )
-    open_checked_zip(path, "DOCX").close()
+    with open_checked_zip(path, "DOCX") as archive:
+        # python-docx parses the XML parts whole into lxml trees, several times their size.
+        largest = max((info for info in archive.infolist() if info.filename.endswith(".xml")),
+                      key=lambda info: info.file_size, default=None)
+    if largest is not None and largest.file_size > MAX_TEXT_BYTES:
+        raise Refused(
+            f"the document's {largest.filename} is {largest.file_size / 2**20:.0f} MB of XML; "
+            f"documents over {MAX_TEXT_BYTES // 2**20} MB are not read (split it into smaller files)"
+        )
     with corrupt_zip_refused("DOCX"):
         try:
             document = docx.Document(str(path))

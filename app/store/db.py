@@ -67,7 +67,8 @@ class Store:
         upgrade(conn, path=self.path)
 
     def close(self) -> None:
-        self.conn.close()
+        with self._lock:
+            self.conn.close()
 
     # ---- Transactions ------------------------------------------------------
 
@@ -103,7 +104,8 @@ class Store:
             return list(self.db.query(sql, params))
 
     def integrity_check(self) -> str:
-        return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
+        with self._lock:  # one connection serves every thread: each use holds the lock
+            return self.conn.execute("PRAGMA integrity_check").fetchone()[0]
 
     # ---- Documents ---------------------------------------------------------
 
