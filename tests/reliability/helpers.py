@@ -32,7 +32,7 @@ class Run:
     rc: int
     out: str
     err: str
-    peak_rss: int  # bytes: the largest resident set of the process (ru_maxrss)
+    peak_rss: int  # bytes: the largest resident set of the process (its own VmHWM, see hooks)
     seconds: float
 
     def lines(self) -> list[str]:
@@ -63,9 +63,12 @@ def run_cli(data_dir, *args: str, timeout: float = 240, env: dict | None = None,
     cmd = [*(prefix or []), *cli_command(data_dir, *args)]
     if honour_permissions:
         cmd = honouring_file_permissions(cmd)
+    hwm = tempfile.NamedTemporaryFile(prefix="ellm-hwm-", delete=False)
+    hwm.close()
+    env = dict(env or cli_env(), ELLM_TEST_HWM_FILE=hwm.name)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env or cli_env(), cwd=cwd)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
         try:
@@ -75,8 +78,11 @@ def run_cli(data_dir, *args: str, timeout: float = 240, env: dict | None = None,
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
         seconds = time.monotonic() - started
         out.seek(0), err.seek(0)
+        peak = Path(hwm.name).read_text().strip()
+        os.unlink(hwm.name)
+        # ru_maxrss only as a fallback (a process killed before its atexit ran).
         result = Run(rc, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                     usage.ru_maxrss * 1024, seconds)
+                     int(peak) if peak else usage.ru_maxrss * 1024, seconds)
     if seconds >= timeout and rc == -9:
         raise AssertionError(f"`{' '.join(cmd)}` did not finish within {timeout} s\n{result.out}\n{result.err}")
     return result

@@ -10,10 +10,25 @@ ELLM_TEST_PAUSE_IN_SAVE=N  the Nth document saved with pages stops inside its op
                            "PAUSED IN TRANSACTION" on stderr and sleeps: kill it there
 ELLM_TEST_STREAM_DELAY=S   an answer's text streams with S seconds between pieces, so
                            a test can kill `ellm ask` mid-answer whatever the model says
+ELLM_TEST_HWM_FILE=PATH    at exit, the process writes its peak resident set (VmHWM of
+                           its own address space, in bytes) to PATH. wait4's ru_maxrss
+                           cannot be used: Linux carries the forking parent's peak into
+                           the child across exec, so a big pytest process inflates it
 ELLM_TEST_INGEST_HOLD=PATH while PATH exists, ingestion goes on at one file per 0.2 s,
                            so it is surely still writing while the test does something else
 """
 import os
+
+if os.environ.get("ELLM_TEST_HWM_FILE"):
+    import atexit
+
+    def _write_hwm(path=os.environ["ELLM_TEST_HWM_FILE"]):
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        with open(path, "w") as f:
+            f.write(str(kb * 1024))
+
+    atexit.register(_write_hwm)
 
 if os.environ.get("ELLM_TEST_NO_NETWORK"):
     import ellm_netguard
