@@ -34,27 +34,24 @@ def choose_engine(engine: str, model_path: Path) -> str:
     return "llamacpp"
 
 
+def thread_plan(threads: int = 0, numa: str = "distribute"):
+    """The thread plan of app/engine/threads.py for this machine: one thread per
+    physical core by default, never two on SMT siblings."""
+    from app.engine.threads import plan_threads
+    from app.engine.topology import read_topology
+
+    return plan_threads(read_topology(), threads=threads, numa_policy=numa)
+
+
 def default_threads() -> int:
-    """One thread per physical core (SMT siblings would share its load/store units)."""
-    try:
-        cores = set()
-        base = "/sys/devices/system/cpu"
-        for cpu in os.sched_getaffinity(0):
-            with open(f"{base}/cpu{cpu}/topology/core_id") as f:
-                core = f.read().strip()
-            with open(f"{base}/cpu{cpu}/topology/physical_package_id") as f:
-                pkg = f.read().strip()
-            cores.add((pkg, core))
-        return max(1, len(cores))
-    except OSError:
-        return max(1, len(os.sched_getaffinity(0)))
+    return thread_plan().count
 
 
 _open_lock = threading.Lock()
 _cache: dict[tuple, object] = {}
 
 
-def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0):
+def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, numa: str = "distribute"):
     """A loaded backend; one instance per (engine, model, context, threads) in a
     process, because loading costs seconds and the GUI asks many questions.
 
@@ -63,8 +60,9 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0):
     free is refused with a ModelError that says so, with the numbers."""
     check_gguf_header(model_path)
     chosen = choose_engine(engine, model_path)
-    threads = threads or default_threads()
-    key = (chosen, str(model_path), n_ctx, threads)
+    plan = thread_plan(threads, numa)
+    threads = plan.count
+    key = (chosen, str(model_path), n_ctx, threads, numa)
     with _open_lock:
         if key in _cache:
             return _cache[key]
@@ -73,8 +71,10 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0):
         validate_model(model_path, n_ctx, reclaimable=reclaimable)
         if chosen == "llamacpp":
             from app.engine.llamacpp_backend import LlamaCppBackend
+            from app.engine.threads import llamacpp_kwargs
 
-            backend = LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads)
+            # llama.cpp runs its own threads: the plan maps onto n_threads and its numa option.
+            backend = LlamaCppBackend(str(model_path), n_ctx=n_ctx, **llamacpp_kwargs(plan))
         else:
             if not ellm_available():
                 raise EngineUnavailable(
