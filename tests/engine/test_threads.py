@@ -176,6 +176,9 @@ def test_apply_refuses_a_plan_from_another_machine(server):
 
 PIN_SCRIPT = textwrap.dedent("""
     import ctypes, glob, json, os, sys
+    # A child inherits its parent's affinity: the test process may have been pinned by an
+    # engine test that ran before. Start from every online CPU, as a fresh `ellm` would.
+    os.sched_setaffinity(0, range(os.cpu_count()))
     import numba, numpy as np
     from app.engine.threads import apply, plan_threads
     from app.engine.topology import read_topology, parse_cpulist

@@ -1,0 +1,364 @@
+"""The transformer: weights read in place from a GGUF file, and its forward pass.
+
+One forward pass handles a chunk of T tokens (prefill, matmul) or a single token (decode,
+matvec). The op order is llama.cpp's graph for these architectures (src/models/llama.cpp,
+src/models/qwen2.cpp, helpers in src/llama-graph.cpp):
+
+  x = embd[tokens]
+  per layer:  h  = rms_norm(x) * attn_norm
+              q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv);  q, k = rope(q), rope(k)
+              x  = x + Wo attention(q, K, V)
+              h  = rms_norm(x) * ffn_norm
+              x  = x + Wdown (silu(Wgate h) * Wup h)
+  logits = Wout (rms_norm(x) * output_norm) (+ output bias)
+
+Shape letters: see app/engine/config.py.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, quants
+from gguf.gguf_reader import ReaderTensor
+from numba import njit
+
+from .attention import _fma, _load8_2d, _mul8, _silu8, _store8_2d, attend
+from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, _engine_hint
+from .kvcache import KVCache
+from .quants import QMatrix
+
+_NO_BIAS = np.zeros(0, dtype=np.float32)  # (0,) float32: "no bias" / "none" for the kernels
+
+# ---- Elementwise kernels ------------------------------------------------------------
+# Scalar loops in the order ggml-cpu runs them, so results agree bit for bit where the
+# operations are the same IEEE ops (no fastmath: no reassociation, no FMA contraction).
+
+
+@njit(cache=True, nogil=True)
+def _rms_norm_rows(x, w, eps, out):
+    """out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w   — ggml-cpu/ops.cpp rms_norm_f32:
+    squares in f32 summed in double, mean and scale in f32, then (x*scale)*w.
+
+    x, out  # (T, D) float32;  w  # (D,) float32
+    """
+    n_tok, dim = x.shape
+    for t in range(n_tok):
+        total = 0.0
+        for i in range(dim):
+            total += x[t, i] * x[t, i]
+        mean = np.float32(total / dim)
+        scale = np.float32(1.0) / np.sqrt(mean + eps)
+        for i in range(dim):
+            out[t, i] = (x[t, i] * scale) * w[i]
+
+
+@njit(cache=True, nogil=True)
+def _add_rms_norm_rows(x, r, w, eps, out):
+    """x += r (the residual add, ggml_add), then out = rms_norm(x) * w.
+
+    x, r, out  # (T, D) float32;  w  # (D,) float32
+    """
+    n_tok, dim = x.shape
+    for t in range(n_tok):
+        for i in range(dim):
+            x[t, i] = x[t, i] + r[t, i]
+    _rms_norm_rows(x, w, eps, out)
+
+
+@njit(cache=True, nogil=True)
+def _swiglu(gate, up, out):
+    """out = silu(gate) * up  — ggml_vec_swiglu_f32 (vec.cpp): SIMD ggml_v_silu on blocks
+    of 8, then x / (1 + expf(-x)) for the tail.
+
+    gate, up, out  # (T, F) float32
+    """
+    n_tok, n = gate.shape
+    n_simd = n - n % 8
+    for t in range(n_tok):
+        for i in range(0, n_simd, 8):
+            _store8_2d(_mul8(_silu8(_load8_2d(gate, t, i)), _load8_2d(up, t, i)), out, t, i)
+        for i in range(n_simd, n):
+            g = gate[t, i]
+            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
+
+
+@njit(cache=True, nogil=True)
+def _rope_heads(x, cos, sin, neox):
+    """In place: rotate each head of x (T, n_heads, HD) float32 by its position's angles.
+
+    cos,sin # (T, HD/2) float32 rows of the rope tables for these tokens' positions
+    neox    # False: rotate pairs (2i, 2i+1) (GGML_ROPE_TYPE_NORMAL)
+            # True:  rotate pairs (i, i + HD/2) (GGML_ROPE_TYPE_NEOX)
+    ggml-cpu/ops.cpp rotate_pairs: y0 = x0*cos - x1*sin, y1 = x0*sin + x1*cos.
+    """
+    n_tok, n_heads, head_dim = x.shape
+    half = head_dim // 2
+    for t in range(n_tok):
+        for h in range(n_heads):
+            for i in range(half):
+                if neox:
+                    i0, i1 = i, i + half
+                else:
+                    i0, i1 = 2 * i, 2 * i + 1
+                x0 = x[t, h, i0]
+                x1 = x[t, h, i1]
+                c = cos[t, i]
+                s = sin[t, i]
+                # GCC contracts llama.cpp's expressions into one FMA each (first product
+                # fused, second rounded); the same IEEE ops keep us bit-identical.
+                x[t, h, i0] = _fma(x0, c, -(x1 * s))
+                x[t, h, i1] = _fma(x0, s, x1 * c)
+
+
+@njit(inline="always")
+def _add_bias(x, bias):
+    """x (T, n) += bias (n,) float32; a (0,) bias is no bias."""
+    if bias.shape[0]:
+        for t in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                x[t, i] += bias[i]
+
+
+@njit(cache=True, nogil=True)
+def _qkv_bias_rope(q, k, v, bq, bk, bv, cos, sin, neox):
+    """In place, in llama.cpp's order (src/llama-graph.cpp build_qkv, then ggml_rope_ext):
+    add the q/k/v biases (ggml_add), then rope q and k.
+
+    q  # (T, H*HD) float32      k, v  # (T, KVH*HD) float32
+    bq # (H*HD,) or (0,)        bk, bv  # (KVH*HD,) or (0,)
+    """
+    n_tok = q.shape[0]
+    head_dim = 2 * cos.shape[1]
+    _add_bias(q, bq)
+    _add_bias(k, bk)
+    _add_bias(v, bv)
+    _rope_heads(q.reshape(n_tok, q.shape[1] // head_dim, head_dim), cos, sin, neox)
+    _rope_heads(k.reshape(n_tok, k.shape[1] // head_dim, head_dim), cos, sin, neox)
+
+
+# ---- RoPE tables ------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _rope_cache(n_pos, n_dims, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                n_ctx_orig, freq_factors, cos, sin):
+    """cos, sin (n_pos, n_dims/2) float32 of every (position, pair), computed as ggml does
+    (ggml-cpu/ops.cpp ggml_rope_cache_init + rope_yarn, ggml.c ggml_rope_yarn_corr_dims):
+    theta = p, multiplied by theta_scale = powf(base, -2/n_dims) once per pair, all in f32,
+    cosf/sinf from libm (numba calls the same functions). freq_factors (n_dims/2,) or (0,).
+    """
+    f32 = np.float32
+    theta_scale = f32(math.pow(freq_base, f32(-2.0) / f32(n_dims)))
+    two_pi = f32(2.0) * f32(math.pi)
+    log_base = f32(2.0) * f32(math.log(freq_base))
+    start = math.floor(f32(n_dims) * f32(math.log(f32(n_ctx_orig) / (beta_fast * two_pi))) / log_base)
+    end = math.ceil(f32(n_dims) * f32(math.log(f32(n_ctx_orig) / (beta_slow * two_pi))) / log_base)
+    corr0 = f32(max(0.0, start))
+    corr1 = f32(min(n_dims - 1.0, end))
+    mscale = attn_factor
+    if ext_factor != 0.0:
+        mscale = mscale * _fma(f32(0.1), f32(math.log(f32(1.0) / freq_scale)), f32(1.0))
+    for p in range(n_pos):
+        theta = f32(p)
+        for i in range(n_dims // 2):
+            ff = freq_factors[i] if freq_factors.shape[0] > 0 else f32(1.0)
+            extrap = theta / ff
+            interp = freq_scale * extrap
+            th = interp
+            if ext_factor != 0.0:
+                y = (f32(i) - corr0) / max(f32(0.001), corr1 - corr0)
+                ramp = (f32(1.0) - min(f32(1.0), max(f32(0.0), y))) * ext_factor
+                th = _fma(interp, f32(1.0) - ramp, extrap * ramp)
+            cos[p, i] = math.cos(th) * mscale
+            sin[p, i] = math.sin(th) * mscale
+            theta = theta * theta_scale
+
+
+class RopeTables:
+    """cos/sin tables for positions 0..P-1, grown on demand."""
+
+    def __init__(self, config: ModelConfig, freq_factors: np.ndarray | None = None):
+        self.config = config
+        # (HD/2,) float32: Llama 3 style per-frequency divisors (rope_freqs.weight), or (0,)
+        self.freq_factors = _NO_BIAS if freq_factors is None else freq_factors.astype(np.float32)
+        self.cos = np.empty((0, config.rope_dims // 2), dtype=np.float32)  # (P, HD/2) float32
+        self.sin = np.empty((0, config.rope_dims // 2), dtype=np.float32)  # (P, HD/2) float32
+
+    def rows(self, pos0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (n, HD/2) float32 for positions pos0 .. pos0+n-1."""
+        if pos0 + n > self.cos.shape[0]:
+            self._grow(max(pos0 + n, 2 * self.cos.shape[0], 256))
+        return self.cos[pos0:pos0 + n], self.sin[pos0:pos0 + n]
+
+    def _grow(self, n_pos: int) -> None:
+        c = self.config
+        f32 = np.float32
+        cos = np.empty((n_pos, c.rope_dims // 2), dtype=np.float32)
+        sin = np.empty((n_pos, c.rope_dims // 2), dtype=np.float32)
+        _rope_cache(n_pos, c.rope_dims, f32(c.rope_freq_base), f32(c.rope_freq_scale), f32(c.rope_ext_factor),
+                    f32(c.rope_attn_factor), f32(c.rope_beta_fast), f32(c.rope_beta_slow), c.rope_orig_ctx,
+                    self.freq_factors, cos, sin)
+        self.cos, self.sin = cos, sin
+
+
+# ---- Weights ------------------------------------------------------------------------------
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray   # (D,) float32
+    wq: QMatrix             # (H*HD, D)
+    wk: QMatrix             # (KVH*HD, D)
+    wv: QMatrix             # (KVH*HD, D)
+    wo: QMatrix             # (D, H*HD)
+    bq: np.ndarray          # (H*HD,) float32, or (0,) — qwen2
+    bk: np.ndarray          # (KVH*HD,) float32, or (0,)
+    bv: np.ndarray          # (KVH*HD,) float32, or (0,)
+    bo: np.ndarray          # (D,) float32, or (0,)
+    ffn_norm: np.ndarray    # (D,) float32
+    w_gate: QMatrix         # (F, D)
+    w_up: QMatrix           # (F, D)
+    w_down: QMatrix         # (D, F)
+
+
+def _vector(t: ReaderTensor) -> np.ndarray:
+    """A 1-D tensor (norm weight, bias) as float32 — a view when it is stored as F32."""
+    if t.tensor_type == GGMLQuantizationType.F32:
+        return np.asarray(t.data, dtype=np.float32).reshape(-1)
+    return quants.dequantize(t.data, GGMLQuantizationType(t.tensor_type)).astype(np.float32).reshape(-1)
+
+
+class Model:
+    """A llama/qwen2 model read from a GGUF file. Weights stay memory-mapped and quantized."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.reader = GGUFReader(self.path, "r")  # memory-mapped; tensors are views of the file
+        self.config = ModelConfig.from_gguf(self.reader, self.path)
+        c = self.config
+        tensors = {t.name: t for t in self.reader.tensors}
+
+        def matrix(name: str) -> QMatrix:
+            try:
+                return QMatrix.from_tensor(tensors[name])
+            except KeyError:
+                raise UnsupportedModelError(f"{self.path}: tensor '{name}' is missing.") from None
+            except (NotImplementedError, ValueError) as e:
+                raise UnsupportedModelError(f"{self.path}: tensor '{name}': {e}. " + _engine_hint(self.path)) from e
+
+        def vector(name: str, required: bool = True) -> np.ndarray:
+            if name not in tensors:
+                if required:
+                    raise UnsupportedModelError(f"{self.path}: tensor '{name}' is missing.")
+                return _NO_BIAS
+            return _vector(tensors[name])
+
+        self.tok_embd = matrix("token_embd.weight")        # (V, D)
+        # Tied embeddings: without output.weight the embedding matrix is the lm head.
+        self.output = self.tok_embd if c.tied_output else matrix("output.weight")  # (V, D)
+        self.output_norm = vector("output_norm.weight")    # (D,) float32
+        self.output_bias = vector("output.bias", False)    # (V,) float32 or (0,)
+        self.layers = [
+            LayerWeights(
+                attn_norm=vector(f"blk.{i}.attn_norm.weight"),
+                wq=matrix(f"blk.{i}.attn_q.weight"),
+                wk=matrix(f"blk.{i}.attn_k.weight"),
+                wv=matrix(f"blk.{i}.attn_v.weight"),
+                wo=matrix(f"blk.{i}.attn_output.weight"),
+                bq=vector(f"blk.{i}.attn_q.bias", False),
+                bk=vector(f"blk.{i}.attn_k.bias", False),
+                bv=vector(f"blk.{i}.attn_v.bias", False),
+                bo=vector(f"blk.{i}.attn_output.bias", False),
+                ffn_norm=vector(f"blk.{i}.ffn_norm.weight"),
+                w_gate=matrix(f"blk.{i}.ffn_gate.weight"),
+                w_up=matrix(f"blk.{i}.ffn_up.weight"),
+                w_down=matrix(f"blk.{i}.ffn_down.weight"),
+            )
+            for i in range(c.n_layers)
+        ]
+        freq_factors = tensors.get("rope_freqs.weight")
+        self.rope = RopeTables(c, None if freq_factors is None else _vector(freq_factors))
+        self.eps = np.float32(c.rms_eps)
+        self.neox = c.rope_type == ROPE_NEOX
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of 2-D weights one decode step streams (the lm head once, even when tied)."""
+        per_layer = sum(w.nbytes for lw in self.layers
+                        for w in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down))
+        return per_layer + self.output.nbytes
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return KVCache(self.config, n_ctx)
+
+    # ---- Forward pass ----------------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` at positions cache.n_tokens.. and append them to the cache.
+
+        Returns the logits of the last token (V,) float32, or of every token (T, V)
+        float32 when ``all_logits``. T == 1 takes the matvec path (decode).
+        """
+        ids = np.asarray(tokens, dtype=np.int64)  # (T,)
+        n_tok = ids.shape[0]
+        pos0 = cache.n_tokens
+        if pos0 + n_tok > cache.n_ctx:
+            raise ValueError(f"context full: {pos0 + n_tok} tokens > n_ctx {cache.n_ctx}")
+        cos, sin = self.rope.rows(pos0, n_tok)   # (T, HD/2) float32 each
+
+        x = np.ascontiguousarray(self.tok_embd.rows(ids), dtype=np.float32)  # (T, D) residual stream
+        h = np.empty_like(x)                     # (T, D) normalised input of a sub-block
+        pending = None                           # (T, D) output of the last sub-block, not yet added to x
+        for il, lw in enumerate(self.layers):
+            self._norm(x, pending, lw.attn_norm, h)
+            pending = self._attention_block(il, lw, h, cache, pos0, cos, sin)
+            self._norm(x, pending, lw.ffn_norm, h)
+            pending = self._ffn_block(lw, h)
+        self._norm(x, pending, self.output_norm, h)
+        cache.commit(ids)
+
+        h_out = h if all_logits else h[-1:]      # (T or 1, D): llama.cpp also keeps only the rows it outputs
+        logits = _linear(self.output, h_out)     # (T or 1, V) float32
+        if self.output_bias.shape[0]:
+            logits += self.output_bias
+        return logits if all_logits else logits[0]
+
+    def _norm(self, x, pending, w, out) -> None:
+        """out = rms_norm(x (+= pending)) * w."""
+        if pending is None:
+            _rms_norm_rows(x, w, self.eps, out)
+        else:
+            _add_rms_norm_rows(x, pending, w, self.eps, out)
+
+    def _attention_block(self, il, lw: LayerWeights, h, cache: KVCache, pos0, cos, sin) -> np.ndarray:
+        """Wo · attention(rope(Wq h + bq), rope(Wk h + bk), Wv h + bv) (+ bo) -> (T, D) float32."""
+        c = self.config
+        n_tok = h.shape[0]
+        q = _linear(lw.wq, h)   # (T, H*HD) float32
+        k = _linear(lw.wk, h)   # (T, KVH*HD) float32
+        v = _linear(lw.wv, h)   # (T, KVH*HD) float32
+        _qkv_bias_rope(q, k, v, lw.bq, lw.bk, lw.bv, cos, sin, self.neox)
+        cache.update(il, pos0, k, v)
+        q = q.reshape(n_tok, c.n_heads, c.head_dim)                     # (T, H, HD) float32
+        att = attend(q, cache, il, pos0)                                # (T, H, HD) float32
+        o = _linear(lw.wo, att.reshape(n_tok, c.q_dim))                 # (T, D) float32
+        if lw.bo.shape[0]:
+            o += lw.bo
+        return o
+
+    def _ffn_block(self, lw: LayerWeights, h) -> np.ndarray:
+        """Wdown (silu(Wgate h) * Wup h) -> (T, D) float32."""
+        gate = _linear(lw.w_gate, h)   # (T, F) float32
+        up = _linear(lw.w_up, h)       # (T, F) float32
+        _swiglu(gate, up, gate)
+        return _linear(lw.w_down, gate)
+
+
+def _linear(w: QMatrix, x: np.ndarray) -> np.ndarray:
+    """x (T, n_in) float32 -> (T, n_out) float32 through the quantized weight matrix."""
+    if x.shape[0] == 1:
+        return w.matvec(x[0]).reshape(1, -1)
+    return w.matmul(x)

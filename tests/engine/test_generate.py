@@ -1,0 +1,157 @@
+"""Generation: stopping rules, cancellation, the ellm backend, and greedy agreement with
+llama.cpp on the default model."""
+from __future__ import annotations
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from app.engine.backend import SamplingParams, stream_text
+from app.engine.generate import generate_tokens, prefill
+from app.engine.model import Model
+from app.engine.sampling import Sampler
+
+PROMPT = [5, 977, 12, 1500, 44, 300, 2001, 87, 640, 19, 1024, 256]
+
+
+def greedy(model, prompt, n, stop_ids=frozenset(), cancel=None):
+    cache = model.new_cache(64)
+    logits = prefill(model, cache, prompt)
+    return list(generate_tokens(model, cache, logits, Sampler(SamplingParams.make_greedy()), list(prompt),
+                                n, set(stop_ids), cancel))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    return Model(tiny_model("llama", Q.Q8_0))
+
+
+def test_max_tokens_and_determinism(tiny):
+    a = greedy(tiny, PROMPT, 10)
+    assert len(a) == 10 and a == greedy(tiny, PROMPT, 10)
+    assert greedy(tiny, PROMPT, 4) == a[:4]
+
+
+def test_stops_before_an_end_of_generation_token(tiny):
+    a = greedy(tiny, PROMPT, 10)
+    first_new = next(i for i, t in enumerate(a) if t not in a[:i])
+    stop_at = next(i for i, t in enumerate(a) if i > first_new and t not in a[:i])
+    assert greedy(tiny, PROMPT, 10, stop_ids={a[stop_at]}) == a[:stop_at]
+
+
+def test_cancel_is_checked_between_tokens(tiny):
+    seen = []
+
+    def cancel():
+        return len(seen) >= 3
+
+    cache = tiny.new_cache(64)
+    logits = prefill(tiny, cache, PROMPT)
+    for tok in generate_tokens(tiny, cache, logits, Sampler(SamplingParams.make_greedy()), list(PROMPT),
+                               10, set(), cancel):
+        seen.append(tok)  # noqa: PERF402 (cancel() reads seen while it grows)
+    assert seen == greedy(tiny, PROMPT, 3)
+    # the third token was never fed back: nothing was computed after cancel
+    assert cache.n_tokens == len(PROMPT) + 2
+
+
+def test_cancel_between_prefill_chunks(tiny):
+    cache = tiny.new_cache(64)
+    assert prefill(tiny, cache, PROMPT, chunk=4, cancel=lambda: True) is None
+    assert cache.tokens == PROMPT[:4]
+
+
+def test_context_full_stops_generation(tiny):
+    cache = tiny.new_cache(len(PROMPT) + 3)
+    logits = prefill(tiny, cache, PROMPT)
+    out = list(generate_tokens(tiny, cache, logits, Sampler(SamplingParams.make_greedy()), list(PROMPT),
+                               50, set()))
+    assert len(out) == 4 and cache.n_tokens == cache.n_ctx
+
+
+# ---- The ellm backend --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def backend(smollm2):
+    from app.engine.ellm_backend import EllmBackend
+    b = EllmBackend(smollm2, n_ctx=1024, n_threads=2)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2, llama_cpp):
+    llm = llama_cpp.Llama(str(smollm2), n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False)
+    yield llm
+    llm.close()
+
+
+def llama_greedy(llm, prompt: list[int], n: int) -> list[int]:
+    out = []
+    for tok in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(int(tok))
+        if len(out) == n:
+            break
+    return out
+
+
+CHAT = [{"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "Name three rivers in Europe and say which is longest."}]
+PROMPTS = {
+    "prose": "The old lighthouse keeper climbed the stairs every evening, and on the night of the storm",
+    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "numbers": "Prime numbers: 2, 3, 5, 7, 11, 13, 17,",
+    "chat": None,  # rendered with the model's chat template
+    "german": "Die Hauptstadt von Frankreich ist Paris. Die Hauptstadt von Deutschland ist",
+}
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_greedy_continuation_matches_llamacpp(backend, reference, qmatrix_matches_llamacpp_bitwise, request, name):
+    """48 greedy tokens, identical to llama.cpp's. Everything outside the matmuls is bit-exact
+    (test_model.py::test_bit_exact_with_llamacpp_matmul); whether the whole model is depends
+    on QMatrix adding its products in llama.cpp's order, since a last-bit difference can flip
+    an 8-bit activation rounding and, 30 layers later, a near-tie between two tokens."""
+    if not qmatrix_matches_llamacpp_bitwise:
+        request.applymarker(pytest.mark.xfail(
+            reason="QMatrix sums its products in another order than llama.cpp, so greedy tokens can "
+                   "diverge at near-ties (with a lane-exact matmul all five prompts match)", strict=False))
+    text = PROMPTS[name] or backend.apply_chat_template(CHAT)
+    prompt = backend.tokenize(text)
+    assert prompt == reference.tokenize(text.encode(), add_bos=True, special=True)
+    params = SamplingParams(max_tokens=48, temperature=0.0, top_k=1, top_p=1.0, repeat_penalty=1.0,
+                            ignore_eos=True)
+    ours = list(backend.generate(prompt, params))
+    theirs = llama_greedy(reference, prompt, 48)
+    first_diff = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    assert ours == theirs, f"{name}: first difference at token {first_diff}: " \
+        f"{backend.detokenize(ours)!r} vs {backend.detokenize(theirs)!r}"
+
+
+def test_backend_stats_reuse_and_limits(backend):
+    prompt = backend.tokenize(backend.apply_chat_template(CHAT))
+    backend.reset()
+    answer = list(backend.generate(prompt, SamplingParams.make_greedy(max_tokens=12)))
+    s = backend.stats
+    assert s.prompt_tokens == len(prompt) and s.decode_tokens == len(answer) > 0
+    assert s.prefill_s > 0 and s.ttft_s >= s.prefill_s and s.decode_s > 0
+    assert s.extra["reused_prompt_tokens"] == 0
+    # a follow-up that extends the conversation re-reads only what is new
+    follow = prompt + answer + backend.tokenize("\nAnd the shortest?", add_bos=False)
+    list(backend.generate(follow, SamplingParams.make_greedy(max_tokens=2)))
+    fed_back = len(answer) - (1 if len(answer) == 12 else 0)  # the last token is fed only if more follow
+    assert backend.stats.extra["reused_prompt_tokens"] == len(prompt) + fed_back
+    with pytest.raises(ValueError, match="context holds 1024"):
+        backend.generate([1] * 1024, SamplingParams.make_greedy(max_tokens=2))
+
+
+def test_backend_text_and_template(backend):
+    assert backend.name == "ellm" and backend.n_ctx == 1024
+    assert backend.eos_tokens() >= {2}
+    text = backend.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    ids = backend.tokenize("Grüße, world!", add_bos=False)
+    assert backend.detokenize(ids) == "Grüße, world!"
+    assert b"".join(backend.token_bytes(t) for t in ids) == "Grüße, world!".encode()
+    tokens = backend.generate(backend.tokenize(text), SamplingParams.make_greedy(max_tokens=8, stop=("\n",)))
+    assert "\n" not in "".join(stream_text(backend, tokens, stop=("\n",)))

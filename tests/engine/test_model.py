@@ -1,0 +1,261 @@
+"""The forward pass: config parsing, numerics against llama.cpp, chunking, attention."""
+from __future__ import annotations
+
+import math
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from app.engine.attention import attend, attend_reference, ggml_expf
+from app.engine.config import ROPE_NEOX, ROPE_NORMAL, ModelConfig, UnsupportedModelError
+from app.engine.generate import decode_one_token, prefill, prefill_reusing_prefix
+from app.engine.kvcache import KVCache, f16_to_f32, f32_to_f16
+from app.engine.model import Model
+from tests.engine.conftest import llama_logits
+
+PROMPT = [5, 977, 12, 1500, 44, 300, 2001, 87, 640, 19, 1024, 256, 7, 1999, 333, 42, 818, 99, 1400, 61]
+STEPS = [410, 12, 1777, 5, 930, 64]
+
+# Stated tolerances against llama.cpp, relative to the largest |logit| of the reference:
+# F32 weights: float summation order, which can flip the f16 rounding of a q or k element. Quantized weights: activations are re-quantized to
+# 8 bits before every matmul, and a last-bit difference can flip one rounding there.
+TOLERANCE = {Q.F32: 1e-3, Q.Q8_0: 3e-2, Q.Q4_0: 3e-2, Q.Q4_1: 3e-2}
+
+
+def assert_logits_close(ours: np.ndarray, ref: np.ndarray, rel: float) -> None:
+    """max |ours - ref| <= rel * max |ref|, and the same top token wherever the reference's
+    top-2 margin is larger than twice that error (a real tie may go either way)."""
+    ours, ref = np.atleast_2d(ours), np.atleast_2d(ref)
+    err = np.abs(ours - ref).max()
+    bound = rel * np.abs(ref).max()
+    assert err <= bound, f"logits differ by {err:.3g} > {bound:.3g}"
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * err
+    assert (ours.argmax(1) == ref.argmax(1))[clear].all()
+
+
+# ---- Config --------------------------------------------------------------------------------
+
+
+def test_config_of_tiny_llama(tiny_model):
+    c = ModelConfig.from_gguf(gguf.GGUFReader(str(tiny_model("llama"))))
+    assert (c.arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size) == \
+        ("llama", 2, 64, 4, 2, 16, 128, 2048)
+    assert (c.q_dim, c.kv_dim, c.group_size, c.rope_type, c.tied_output) == (64, 32, 2, ROPE_NORMAL, True)
+    assert c.rope_freq_base == 10000.0 and c.rope_freq_scale == 1.0 and c.rope_ext_factor == 0.0
+
+
+def test_config_of_tiny_qwen2(tiny_model):
+    c = ModelConfig.from_gguf(gguf.GGUFReader(str(tiny_model("qwen2"))))
+    assert (c.arch, c.rope_type, c.tied_output, c.rope_freq_base) == ("qwen2", ROPE_NEOX, False, 1e6)
+
+
+def test_config_of_smollm2(smollm2):
+    c = ModelConfig.from_gguf(gguf.GGUFReader(str(smollm2)), smollm2)
+    assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size) == \
+        (30, 576, 9, 3, 64, 1536, 49152)
+    assert c.context_length == 8192 and c.rope_freq_base == 100000.0 and c.tied_output
+    assert c.kv_bytes_per_token() == 2 * 30 * 192 * 2
+
+
+def test_unknown_architecture_is_refused_with_advice(tiny_model):
+    path = tiny_model("gemma")
+    with pytest.raises(UnsupportedModelError) as e:
+        Model(path)
+    msg = str(e.value)
+    assert str(path) in msg and "'gemma'" in msg and "--engine llamacpp" in msg
+
+
+# ---- Numerics against llama.cpp --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda q: q.name)
+def test_logits_match_llamacpp(tiny_model, llama_cpp, arch, qtype):
+    path = tiny_model(arch, qtype)
+    ref_prompt, ref_steps = llama_logits(llama_cpp, path, PROMPT, STEPS)
+    model = Model(path)
+    cache = model.new_cache(64)
+    ours_prompt = prefill(model, cache, PROMPT, all_logits=True)       # (T, V)
+    ours_steps = np.stack([decode_one_token(model, cache, t) for t in STEPS])
+    assert ours_prompt.shape == ref_prompt.shape == (len(PROMPT), 2048)
+    assert_logits_close(ours_prompt, ref_prompt, TOLERANCE[qtype])
+    assert_logits_close(ours_steps, ref_steps, TOLERANCE[qtype])
+
+
+@pytest.mark.parametrize("arch,scaling", [("llama", "linear"), ("qwen2", "yarn")])
+def test_rope_scaling_matches_llamacpp(tiny_model, llama_cpp, arch, scaling):
+    path = tiny_model(arch, Q.F32, rope_scaling=scaling, rope_factor=4.0, rope_orig_ctx=128)
+    c = ModelConfig.from_gguf(gguf.GGUFReader(str(path)))
+    assert c.rope_scaling == scaling and c.rope_freq_scale == 0.25
+    assert c.rope_ext_factor == (1.0 if scaling == "yarn" else 0.0)
+    ref_prompt, ref_steps = llama_logits(llama_cpp, path, PROMPT, STEPS)
+    model = Model(path)
+    cache = model.new_cache(64)
+    assert_logits_close(prefill(model, cache, PROMPT, all_logits=True), ref_prompt, TOLERANCE[Q.F32])
+    assert_logits_close(np.stack([decode_one_token(model, cache, t) for t in STEPS]), ref_steps, TOLERANCE[Q.F32])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
+def test_bit_exact_with_llamacpp_matmul(tiny_model, llama_cpp, llamacpp_exact_matmul, arch, qtype):
+    """Given llama.cpp's own matmul results, everything else (embedding, RMSNorm, RoPE,
+    f16 KV cache, attention, softmax, SiLU, residuals) reproduces llama.cpp exactly, for a
+    batched prefill and for single-token decode steps."""
+    path = tiny_model(arch, qtype)
+    ref_prompt, ref_steps = llama_logits(llama_cpp, path, PROMPT, STEPS)
+    model = Model(path)
+    cache = model.new_cache(64)
+    ours_prompt = prefill(model, cache, PROMPT, all_logits=True)
+    ours_steps = np.stack([decode_one_token(model, cache, t) for t in STEPS])
+    np.testing.assert_array_equal(ours_prompt, ref_prompt)
+    np.testing.assert_array_equal(ours_steps, ref_steps)
+
+
+# ---- Chunking and the KV cache ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_chunked_prefill_equals_token_by_token(tiny_model, arch):
+    model = Model(tiny_model(arch, Q.F32))
+    chunked = prefill(model, model.new_cache(64), PROMPT, chunk=7, all_logits=True)   # 7 + 7 + 6
+    cache = model.new_cache(64)
+    one_by_one = np.stack([decode_one_token(model, cache, t) for t in PROMPT])
+    assert cache.n_tokens == len(PROMPT) and cache.tokens == PROMPT
+    assert_logits_close(chunked, one_by_one, 1e-5)
+    whole = prefill(model, model.new_cache(64), PROMPT, all_logits=True)
+    np.testing.assert_array_equal(whole[:7], chunked[:7])   # the first chunk sees the same inputs
+
+
+def test_prefix_reuse_prefills_only_the_new_tokens(tiny_model):
+    model = Model(tiny_model("llama", Q.F32))
+    cache = model.new_cache(64)
+    prefill(model, cache, PROMPT[:12])
+    logits, reused = prefill_reusing_prefix(model, cache, PROMPT)
+    assert reused == 12 and cache.tokens == PROMPT
+    fresh = prefill(model, model.new_cache(64), PROMPT)
+    assert_logits_close(logits, fresh, 1e-5)
+    # a prompt that diverges at token 5 keeps only the first 5 cached tokens
+    other = PROMPT[:5] + [1, 2, 3]
+    _, reused = prefill_reusing_prefix(model, cache, other)
+    assert reused == 5 and cache.tokens == other
+    # the same prompt again recomputes only its last token
+    _, reused = prefill_reusing_prefix(model, cache, other)
+    assert reused == len(other) - 1
+
+
+def test_context_overflow_is_an_error(tiny_model):
+    model = Model(tiny_model("llama", Q.F32))
+    cache = model.new_cache(8)
+    prefill(model, cache, PROMPT[:8])
+    with pytest.raises(ValueError, match="n_ctx 8"):
+        decode_one_token(model, cache, 5)
+
+
+def test_weights_stay_quantized(tiny_model):
+    path = tiny_model("llama", Q.Q4_0)
+    model = Model(path)
+    assert model.layers[0].w_gate.qtype == Q.Q4_0
+    assert model.output is model.tok_embd  # tied: one matrix, not two
+    # 2-D weights: the bytes of the file, not an f32 copy (norms are f32 views of the file)
+    assert model.weight_bytes < path.stat().st_size
+    assert model.layers[0].attn_norm.base is not None
+
+
+# ---- Attention and scalar numerics ------------------------------------------------------------
+
+
+class _Cache:
+    def __init__(self, k, v):
+        self.k_bits, self.v_bits = k.view(np.uint16), v.view(np.uint16)
+
+
+@pytest.mark.parametrize("n_q,pos0", [(1, 0), (1, 37), (5, 0), (9, 30)])
+def test_attention_matches_numpy_reference(n_q, pos0):
+    rng = np.random.default_rng(n_q * 100 + pos0)
+    n_layers, kvh, n_ctx, hd, h = 2, 2, 48, 32, 6
+    k = (2 * rng.standard_normal((n_layers, kvh, n_ctx, hd))).astype(np.float16)  # (L, KVH, C, HD)
+    v = rng.standard_normal((n_layers, kvh, n_ctx, hd)).astype(np.float16)
+    q = (2 * rng.standard_normal((n_q, h, hd))).astype(np.float32)                # (T, H, HD)
+    out = attend(q, _Cache(k, v), 1, pos0)
+    ref = attend_reference(q, k[1], v[1], pos0)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-5)
+    # causal: what lies after the last query's position does not matter
+    k2, v2 = k.copy(), v.copy()
+    k2[:, :, pos0 + n_q:] = 100
+    v2[:, :, pos0 + n_q:] = -100
+    np.testing.assert_array_equal(attend(q, _Cache(k2, v2), 1, pos0), out)
+
+
+def test_ggml_expf_is_a_faithful_exp():
+    from numba import njit
+
+    @njit
+    def exp_all(x):
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            out[i] = ggml_expf(x[i])
+        return out
+
+    x = np.concatenate([np.linspace(-87, 88, 20001), [0.0, -0.0, -103.0, -150.0, -1e4]]).astype(np.float32)
+    y = exp_all(x)
+    ref = np.exp(x.astype(np.float64))
+    finite = ref > 1e-37
+    assert np.all(np.abs(y[finite] / ref[finite] - 1) < 4e-7)   # within ~3 ulp
+    assert y[x == 0].tolist() == [1.0, 1.0] and y[-1] == 0.0 and y[-2] < 1e-44
+
+
+def test_f16_conversions_round_like_numpy():
+    from numba import njit
+
+    @njit
+    def round_trip(x, bits):
+        for i in range(x.shape[0]):
+            bits[i] = f32_to_f16(x[i])
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            out[i] = f16_to_f32(bits[i])
+        return out
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(20000) * np.exp(rng.uniform(-20, 11, 20000))).astype(np.float32)
+    bits = np.empty(x.shape, np.uint16)
+    back = round_trip(x, bits)
+    with np.errstate(over="ignore"):  # the largest values overflow to inf in both
+        half = x.astype(np.float16)
+    np.testing.assert_array_equal(bits, half.view(np.uint16))
+    np.testing.assert_array_equal(back, half.astype(np.float32))
+
+
+def test_rope_tables_follow_ggml(tiny_model):
+    """theta = p * theta_scale^i by repeated f32 multiplication (ggml_rope_cache_init)."""
+    model = Model(tiny_model("llama", Q.F32))
+    cos, sin = model.rope.rows(0, 300)
+    hd = model.config.head_dim
+    theta_scale = np.float32(math.pow(10000.0, -2.0 / hd))
+    theta = np.arange(300, dtype=np.float32)
+    for i in range(hd // 2):
+        np.testing.assert_allclose(cos[:, i], np.cos(theta.astype(np.float64)), atol=2e-7)
+        np.testing.assert_allclose(sin[:, i], np.sin(theta.astype(np.float64)), atol=2e-7)
+        theta = theta * theta_scale
+
+
+def test_kv_cache_update_and_truncate():
+    from app.engine.config import ModelConfig as MC
+    c = MC(arch="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+           vocab_size=10, context_length=16, rms_eps=1e-6, rope_type=ROPE_NORMAL)
+    cache = KVCache(c, 16)
+    k = np.arange(3 * 2 * 8, dtype=np.float32).reshape(3, 2 * 8) / 7   # (T, KVH*HD)
+    cache.update(1, 4, k, -k)
+    cache.commit([1, 2, 3])
+    heads = k.reshape(3, 2, 8).transpose(1, 0, 2)                      # (KVH, T, HD)
+    np.testing.assert_array_equal(cache.k[1, :, 4:7], heads.astype(np.float16))
+    np.testing.assert_array_equal(cache.v[1, :, 4:7], (-heads).astype(np.float16))
+    assert not cache.k[0].any() and not cache.k[1, :, :4].any()
+    assert cache.common_prefix([1, 2, 9]) == 2
+    cache.truncate(1)
+    assert cache.tokens == [1]
+    with pytest.raises(ValueError):
+        cache.update(0, 15, k, k)

@@ -1,0 +1,558 @@
+"""QMatrix and its numba kernels, tested differentially (STYLE.md habit 4):
+
+* rows()/dequantize() bit-exact against gguf.quants.dequantize, for every supported type;
+* activation quantization exactly as llama.cpp's x86 CPU backend does it, against an
+  independent numpy transcription of arch/x86/quants.c and ggml-quants.c;
+* matvec/matmul against a plain-numpy product that uses the same quantized activations
+  (tight tolerance), against llama.cpp's own ggml_mul_mat on the CPU (the libggml that
+  llama-cpp-python ships; skipped without it), and against the dense f32 product (looser,
+  stated per type);
+* matvec agrees with matmul row by row; the repacked layout keeps the byte count.
+
+Shapes are small so the file runs in seconds once numba's cache is warm.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from app.engine import kernels_act, kernels_common
+from app.engine.quants import QMatrix, release_file_pages
+
+F32 = np.float32
+N_OUT, N_IN, N_TOK = 200, 512, 3          # 200 rows: 12 groups of 16 plus a narrower one of 8
+ALL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32, Q.F16, Q.BF16]
+
+# ||ours - dense f32|| / ||dense|| for gaussian activations: the error of quantizing them to
+# int8 (~0.55 % measured), f16 (~0.02 %) or bf16 (~0.16 %); the weights are the same
+# dequantized values on both sides. (Outliers widen the int8 error, most for Q8_K's blocks of
+# 256, exactly as in llama.cpp; test_matmul_matches_llama_cpp_formula covers those.)
+DENSE_TOL = {Q.Q4_0: 1e-2, Q.Q4_1: 1e-2, Q.Q8_0: 1e-2, Q.Q4_K: 1e-2, Q.Q5_K: 1e-2, Q.Q6_K: 1.2e-2,
+             Q.F32: 1e-5, Q.F16: 5e-4, Q.BF16: 4e-3}
+REF_RTOL = 1e-5  # same integer sums and scales; only float additions may be ordered differently
+LANE_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q8_0)  # products bit-identical to llama.cpp's AVX2 kernels
+
+
+# ---- test data
+
+def _f16_bytes(a: np.ndarray) -> np.ndarray:
+    """(...,) float -> (..., 2) uint8 little-endian f16."""
+    return np.frombuffer(a.astype(np.float16).tobytes(), np.uint8).reshape(a.shape + (2,))
+
+
+def make_raw(qtype, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
+    """GGUF-layout data of one matrix: gguf's own quantizer where it has one, else random
+    blocks whose f16 scales are finite (K-quants)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n_out, n_in)).astype(F32)            # (n_out, n_in) float32
+    w *= rng.uniform(0.1, 3.0, (n_out, 1)).astype(F32)            # rows of different scale
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.BF16):
+        return quants.quantize(w, qtype)                          # (n_out, bytes_per_row) uint8
+    if qtype == Q.F32:
+        return w
+    if qtype == Q.F16:
+        w[np.abs(w) < 1e-3] = 1e-3        # no f16 subnormals: the fast conversion (see below)
+        return w.astype(np.float16)
+    size = {Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}[qtype]
+    nsb = n_in // 256
+    raw = rng.integers(0, 256, (n_out, nsb, size), dtype=np.uint8)  # (n_out, nsb, size) uint8
+    if qtype == Q.Q6_K:
+        raw[:, :, 208:210] = _f16_bytes(rng.uniform(-0.01, 0.01, (n_out, nsb)))
+    else:
+        raw[:, :, 0:2] = _f16_bytes(rng.uniform(0.0005, 0.01, (n_out, nsb)))
+        raw[:, :, 2:4] = _f16_bytes(rng.uniform(0.0005, 0.01, (n_out, nsb)))
+    return raw.reshape(n_out, -1)
+
+
+def make_acts(n_tok: int, n_in: int, seed: int = 1) -> np.ndarray:
+    """(n_tok, n_in) float32 activations with outliers, a zero block and exact .5 ties."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_tok, n_in)).astype(F32)
+    x[:, 5] *= 40                       # an outlier channel, as real residual streams have
+    x[0, 32:64] = 0                     # a zero Q8_0 block: d = 0, q = 0
+    x[-1, 96:128] = 0.5                 # with x = 127 in the block, id = 127 / 127 = 1, so
+    x[-1, 127] = 127.0                  # q = rint(0.5) = 0 and rint(-2.5) = -2 (ties to even);
+    x[-1, 100] = -2.5                   # the _ref quantizer's roundf would give 1 and -3
+    return x
+
+
+@pytest.fixture(scope="module", params=ALL_TYPES, ids=lambda t: t.name)
+def case(request):
+    qtype = request.param
+    raw = make_raw(qtype, N_OUT, N_IN)
+    return qtype, raw, QMatrix.from_array(raw, qtype, name=f"test.{qtype.name}")
+
+
+# ---- independent numpy references (transcribed from llama.cpp, not from our kernels)
+
+def ref_acts_q8(x: np.ndarray):
+    """arch/x86/quants.c quantize_row_q8_0 / _q8_1 (AVX2): -> q (n_tok, nb, 32) int64,
+    d (n_tok, nb) f16-valued float32, s (n_tok, nb) f16-valued float32 (Q8_1), qsum int64."""
+    n_tok, n_in = x.shape
+    xb = x.reshape(n_tok, n_in // 32, 32)
+    amax = np.abs(xb).max(axis=-1)
+    d = amax / F32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+    q = np.rint(xb * inv[..., None]).astype(np.int64)           # _MM_ROUND_NEAREST: ties to even
+    qsum = q.sum(axis=-1)
+    s = (d * qsum.astype(F32)).astype(np.float16).astype(F32)   # with the unrounded d
+    return q, d.astype(np.float16).astype(F32), s, qsum
+
+
+def ref_acts_q8_k(x: np.ndarray):
+    """ggml-quants.c quantize_row_q8_K_ref: -> q (n_tok, nsb, 256) int64, d (n_tok, nsb)
+    float32, bsums (n_tok, nsb, 16) int64."""
+    n_tok, n_in = x.shape
+    xb = x.reshape(n_tok, n_in // 256, 256)
+    imax = np.abs(xb).argmax(axis=-1)                           # first of equal |x|, as `>` does
+    vmax = np.take_along_axis(xb, imax[..., None], axis=-1)[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = (F32(-127) / vmax).astype(F32)
+        q = np.minimum(127, np.rint(iscale[..., None] * xb)).astype(np.int64)
+        d = (F32(1) / iscale).astype(F32)
+    zero = vmax == 0
+    q[zero] = 0
+    d[zero] = 0
+    return q, d, q.reshape(n_tok, n_in // 256, 16, 16).sum(axis=-1)
+
+
+def ref_lanes(wq, dw, mw, q, dx, sx) -> np.ndarray:
+    """llama.cpp's AVX2 vec_dot for 32-blocks, float order included: lane l holds the integer
+    sum of elements 4l..4l+3 (vpmaddubsw + vpmaddwd), fma(d_w * d_x, lane, acc[l]) per block,
+    then hsum_float_8 and (Q4_1) the sum of m_w * s_x.
+
+    wq (n_out, nb, 32) int64;  dw, mw (n_out, nb) float32;  q (n_tok, nb, 32) int64;
+    dx, sx (n_tok, nb) float32  ->  (n_tok, n_out) float32
+    """
+    n_out, nb, _ = wq.shape
+    lanes = np.einsum("rbld,kbld->krbl", wq.reshape(n_out, nb, 8, 4), q.reshape(-1, nb, 8, 4))
+    acc = np.zeros((q.shape[0], n_out, 8), F32)                  # (n_tok, n_out, 8) float32
+    summs = np.zeros((q.shape[0], n_out), F32)                   # (n_tok, n_out) float32
+    for b in range(nb):
+        dd = dw[None, :, b] * dx[:, b:b + 1]                     # f16 x f16: exact in float32
+        # fma: the product is exact in float64, so one more rounding to float32 is fma's
+        acc = (dd[..., None].astype(np.float64) * lanes[:, :, b] + acc).astype(F32)
+        summs = summs + mw[None, :, b] * sx[:, b:b + 1]           # exact product
+    a = [acc[..., lane] for lane in range(8)]
+    return (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))) + summs
+
+
+def _f16_field(blocks: np.ndarray, off: int) -> np.ndarray:
+    """(n_out, nb, size) uint8 -> (n_out, nb) float32 of the f16 at byte off."""
+    return np.ascontiguousarray(blocks[:, :, off:off + 2]).view(np.float16)[..., 0].astype(F32)
+
+
+def ref_matmul(qtype, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(n_tok, n_out) float32: llama.cpp's dot product formulas (arch/x86/quants.c
+    ggml_vec_dot_*), integer sums exact. Q4_0/Q4_1/Q8_0 in llama.cpp's float order too (its
+    8 AVX2 lanes, see ref_lanes); the other types add their float terms block after block."""
+    n_out, n_in = N_OUT, x.shape[1]
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        w = quants.dequantize(raw, qtype).reshape(n_out, n_in).astype(F32)
+        if qtype == Q.F16:
+            xr = x.astype(np.float16).astype(F32)
+        elif qtype == Q.BF16:
+            xr = quants.dequantize(quants.quantize(x, Q.BF16), Q.BF16).reshape(x.shape)
+        else:
+            xr = x
+        acc = np.zeros((x.shape[0], n_out), F32)
+        for j in range(n_in):
+            acc = acc + xr[:, j:j + 1] * w[None, :, j]
+        return acc
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
+        size = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34}[qtype]
+        blocks = raw.reshape(n_out, n_in // 32, size)
+        q, dx, sx, _ = ref_acts_q8(x)
+        dw = _f16_field(blocks, 0)
+        if qtype == Q.Q8_0:
+            wq = blocks[:, :, 2:].view(np.int8).astype(np.int64)
+        else:
+            qs = blocks[:, :, size - 16:]
+            wq = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int64)
+            if qtype == Q.Q4_0:
+                wq -= 8
+        mw = _f16_field(blocks, 2) if qtype == Q.Q4_1 else np.zeros_like(dw)
+        return ref_lanes(wq, dw, mw, q, dx, sx)
+    q, dk, bsums = ref_acts_q8_k(x)
+    nsb = n_in // 256
+    if qtype == Q.Q6_K:
+        blocks = raw.reshape(n_out, nsb, 210)
+        wq = np.rint(quants.dequantize(_with_unit_scales(blocks, qtype), qtype))  # q - 32
+        sc = blocks[:, :, 192:208].view(np.int8).astype(np.int64)               # (n_out, nsb, 16)
+        wq = (wq.astype(np.int64).reshape(n_out, nsb, 16, 16) * sc[..., None]).reshape(n_out, nsb, 256)
+        dw = _f16_field(blocks, 208)
+        isum = np.einsum("rbj,kbj->kbr", wq, q).astype(F32)
+        terms = [(dw[None, :, b] * dk[:, b:b + 1]) * isum[:, b] for b in range(nsb)]
+    else:
+        size = 144 if qtype == Q.Q4_K else 176
+        blocks = raw.reshape(n_out, nsb, size)
+        sc, mn = quants.Q4_K.get_scale_min(blocks[:, :, 4:16].reshape(-1, 12))
+        sc = sc.reshape(n_out, nsb, 8).astype(np.int64)
+        mn = mn.reshape(n_out, nsb, 8).astype(np.int64)
+        wq = np.rint(quants.dequantize(_with_unit_scales(blocks, qtype), qtype))  # the raw q
+        wq = wq.astype(np.int64).reshape(n_out, nsb, 8, 32) * sc[..., None]
+        sumi = np.einsum("rbj,kbj->kbr", wq.reshape(n_out, nsb, 256), q)
+        summ = np.einsum("rbs,kbs->kbr", mn, bsums.reshape(-1, nsb, 8, 2).sum(axis=-1))
+        dw, mw = _f16_field(blocks, 0), _f16_field(blocks, 2)
+        terms = [(dw[None, :, b] * dk[:, b:b + 1]) * sumi[:, b].astype(F32)
+                 - (mw[None, :, b] * dk[:, b:b + 1]) * summ[:, b].astype(F32) for b in range(nsb)]
+    acc = np.zeros((x.shape[0], n_out), F32)   # per block: (n_tok, n_out) float32 terms, in order
+    for t in terms:
+        acc = acc + t
+    return acc
+
+
+def _with_unit_scales(blocks: np.ndarray, qtype) -> np.ndarray:
+    """Copy of K-quant blocks with d = 1, dmin = 0 and (Q4_K/Q5_K) every 6-bit scale = 1,
+    (Q6_K) every scale = 1, so gguf's dequantizer yields the integer quants themselves."""
+    b = blocks.copy()
+    one, zero = _f16_bytes(np.ones(1))[0], _f16_bytes(np.zeros(1))[0]
+    if qtype == Q.Q6_K:
+        b[:, :, 192:208] = 1
+        b[:, :, 208:210] = one
+        return b.reshape(b.shape[0], -1)
+    b[:, :, 0:2], b[:, :, 2:4] = one, zero
+    b[:, :, 4:8] = 1            # sc 0..3 = 1, mins 0..3 = 0, high bits of 4..7 = 0
+    b[:, :, 8:12] = 0
+    b[:, :, 12:16] = 0x01       # sc 4..7 = 1, mins 4..7 = 0
+    return b.reshape(b.shape[0], -1)
+
+
+# ---- dequantization: bit-exact with gguf
+
+def test_dequantize_is_bit_exact(case):
+    qtype, raw, m = case
+    expected = quants.dequantize(raw, qtype).reshape(N_OUT, N_IN).astype(F32)
+    got = m.dequantize()
+    assert got.dtype == F32 and got.shape == (N_OUT, N_IN)
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+def test_rows_is_bit_exact_across_group_edges(case):
+    qtype, raw, m = case
+    ids = [0, 15, 16, 191, 192, 199, 5, 16]             # group starts/ends, the narrow group, repeats
+    expected = quants.dequantize(raw[ids], qtype).reshape(len(ids), N_IN).astype(F32)
+    assert np.array_equal(m.rows(ids).view(np.uint32), expected.view(np.uint32))
+
+
+def test_rows_rejects_out_of_range_ids(case):
+    with pytest.raises(IndexError):
+        case[2].rows([N_OUT])
+
+
+def test_repacked_planes_keep_the_byte_count(case):
+    qtype, raw, m = case
+    assert m.nbytes == raw.nbytes
+    assert sum(p.nbytes for p in m.planes.values()) == raw.nbytes
+    assert not any(p.dtype == F32 for p in m.planes.values()) or qtype == Q.F32
+
+
+# ---- products
+
+def test_matmul_matches_llama_cpp_formula(case):
+    qtype, raw, m = case
+    x = make_acts(N_TOK, N_IN)
+    expected = ref_matmul(qtype, raw, x)
+    got = m.matmul(x)
+    assert got.shape == (N_TOK, N_OUT) and got.dtype == F32
+    if qtype in LANE_EXACT:   # IEEE arithmetic in a fixed order: the same bits on any machine
+        assert np.array_equal(got, expected), f"{int((got != expected).sum())} outputs differ"
+    else:
+        scale = float(np.sqrt(np.mean(expected.astype(np.float64) ** 2)))
+        np.testing.assert_allclose(got, expected, rtol=REF_RTOL, atol=REF_RTOL * scale)
+
+
+# ---- llama.cpp itself: one ggml_mul_mat through ctypes
+
+class _GgmlInitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+@pytest.fixture(scope="module")
+def ggml_mul_mat():
+    """(raw, qtype, n_out, n_in, x (n_tok, n_in) f32) -> (n_tok, n_out) f32 computed by
+    ggml_mul_mat on llama.cpp's CPU backend (ggml.h / ggml-cpu.h C API)."""
+    try:
+        import llama_cpp
+        lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+        base = ctypes.CDLL(os.path.join(lib, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+        cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+        p = ctypes.c_void_p
+        base.ggml_init.restype, base.ggml_init.argtypes = p, [_GgmlInitParams]
+        base.ggml_new_tensor_2d.restype = p
+        base.ggml_new_tensor_2d.argtypes = [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        base.ggml_mul_mat.restype, base.ggml_mul_mat.argtypes = p, [p, p, p]
+        base.ggml_new_graph.restype, base.ggml_new_graph.argtypes = p, [p]
+        base.ggml_build_forward_expand.argtypes = [p, p]
+        base.ggml_get_data.restype, base.ggml_get_data.argtypes = p, [p]
+        base.ggml_nbytes.restype, base.ggml_nbytes.argtypes = ctypes.c_size_t, [p]
+        base.ggml_free.argtypes = [p]
+        cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+        cpu.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
+    except (ImportError, OSError, AttributeError) as e:
+        pytest.skip(f"llama.cpp's libggml is not available: {e}")
+
+    def mul_mat(raw, qtype, n_out, n_in, x):
+        raw = np.ascontiguousarray(raw)
+        x = np.ascontiguousarray(x, dtype=F32)                       # (n_tok, n_in) float32
+        out = np.empty((x.shape[0], n_out), F32)                     # (n_tok, n_out) float32
+        ctx = base.ggml_init(_GgmlInitParams(raw.nbytes + x.nbytes + out.nbytes + (16 << 20), None, False))
+        try:
+            w = base.ggml_new_tensor_2d(ctx, int(qtype), n_in, n_out)  # ggml dims are fastest-first
+            a = base.ggml_new_tensor_2d(ctx, int(Q.F32), n_in, x.shape[0])
+            assert base.ggml_nbytes(w) == raw.nbytes
+            ctypes.memmove(base.ggml_get_data(w), raw.ctypes.data, raw.nbytes)
+            ctypes.memmove(base.ggml_get_data(a), x.ctypes.data, x.nbytes)
+            y = base.ggml_mul_mat(ctx, w, a)
+            graph = base.ggml_new_graph(ctx)
+            base.ggml_build_forward_expand(graph, y)
+            assert cpu.ggml_graph_compute_with_ctx(ctx, graph, 2) == 0
+            ctypes.memmove(out.ctypes.data, base.ggml_get_data(y), out.nbytes)
+        finally:
+            base.ggml_free(ctx)
+        return out
+
+    return mul_mat
+
+
+def _x86_avx2_fma() -> bool:
+    """llama.cpp's CPU backend takes the AVX2 + FMA kernels that QMatrix reproduces bit for bit."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return {"avx2", "fma", "f16c"} <= set(flags)
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 16])
+def test_matmul_matches_llama_cpp_ggml_mul_mat(case, ggml_mul_mat, n_tok):
+    """The real thing: the same activation quantization and dot products as llama.cpp's CPU
+    backend (vec_dot for 1 token, tinyBLAS for more). Q4_0/Q4_1/Q8_0 bit for bit on an AVX2
+    machine; otherwise up to the order of float additions (measured <= 1.2e-6 of the largest
+    output here)."""
+    qtype, raw, m = case
+    x = make_acts(n_tok, N_IN, seed=n_tok)
+    expected = ggml_mul_mat(raw, qtype, N_OUT, N_IN, x)
+    got = m.matmul(x)
+    if qtype in LANE_EXACT and _x86_avx2_fma():
+        assert np.array_equal(got, expected), f"{int((got != expected).sum())} outputs differ from llama.cpp"
+    else:
+        scale = float(np.sqrt(np.mean(expected.astype(np.float64) ** 2)))
+        np.testing.assert_allclose(got, expected, rtol=REF_RTOL, atol=REF_RTOL * scale)
+
+
+def test_matmul_is_close_to_dense_f32(case):
+    qtype, raw, m = case
+    x = np.random.default_rng(5).standard_normal((N_TOK, N_IN)).astype(F32)
+    dense = x @ quants.dequantize(raw, qtype).reshape(N_OUT, N_IN).astype(F32).T
+    err = np.linalg.norm(m.matmul(x) - dense) / np.linalg.norm(dense)
+    assert err < DENSE_TOL[qtype]
+
+
+def test_matvec_agrees_with_matmul_row_by_row(case):
+    _, _, m = case
+    x = make_acts(4, N_IN, seed=7)
+    y = m.matmul(x)
+    for k in range(4):
+        v = m.matvec(x[k])
+        assert v.shape == (N_OUT,)
+        assert np.array_equal(v, y[k])
+
+
+def test_real_shapes_of_smollm2():
+    """n_in = 576 is 18 blocks of 32 (not a power of two), as in SmolLM2-135M."""
+    for qtype in (Q.Q4_1, Q.Q8_0):
+        raw = make_raw(qtype, 192, 576)
+        m = QMatrix.from_array(raw, qtype)
+        x = make_acts(2, 576)
+        dense = x @ quants.dequantize(raw, qtype).reshape(192, 576).T
+        assert np.linalg.norm(m.matmul(x) - dense) / np.linalg.norm(dense) < 3e-2  # with outliers
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.F16], ids=lambda t: t.name)
+def test_subnormal_and_inf_scales_take_the_exact_conversion(qtype):
+    """Planes of zeros and normal f16 convert with a shift and a multiply; a subnormal or inf
+    scale must switch the matrix to the general conversion and still give the same results
+    (the shortcut would turn inf into 2**16 and, with DAZ set, subnormals into 0)."""
+    raw = make_raw(qtype, N_OUT, N_IN).copy()
+    assert QMatrix.from_array(raw, qtype).plain_scales
+    if qtype == Q.F16:                          # the weights themselves are f16
+        bits = raw.view(np.uint16)
+        bits[3, 40], bits[17, 0], bits[33, 300], bits[40, 7] = 0x0005, 0x0000, 0x7C00, 0x8003
+    else:
+        size = {Q.Q4_1: 20, Q.Q8_0: 34, Q.Q4_K: 144}[qtype]
+        blocks = raw.reshape(N_OUT, -1, size)
+        blocks[3, 1, 0:2] = [0x05, 0x00]        # d = 5 * 2**-24, subnormal
+        blocks[17, 0, 0:2] = [0x00, 0x00]       # d = 0
+        blocks[33, 1, 0:2] = [0x00, 0x7C]       # d = inf: that row's outputs are inf / nan
+        if qtype != Q.Q8_0:
+            blocks[40, 0, 2:4] = [0x03, 0x80]   # m / dmin = -3 * 2**-24
+    m = QMatrix.from_array(raw, qtype)
+    assert not m.plain_scales
+    with np.errstate(invalid="ignore"):                   # inf * 0 in the row with d = inf
+        expected = quants.dequantize(raw, qtype).reshape(N_OUT, N_IN).astype(F32)
+    assert np.array_equal(m.dequantize().view(np.uint32), expected.view(np.uint32))
+    x = make_acts(N_TOK, N_IN)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = ref_matmul(qtype, raw, x)
+    finite = np.isfinite(ref)
+    assert not finite[:, 33].any() and finite.sum() == ref.size - N_TOK
+    got = m.matmul(x)
+    assert np.array_equal(np.isfinite(got), finite)
+    scale = float(np.sqrt(np.mean(ref[finite].astype(np.float64) ** 2)))
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=REF_RTOL, atol=REF_RTOL * scale)
+
+
+def test_data_that_does_not_fit_the_shape_is_refused():
+    raw = make_raw(Q.Q4_1, N_OUT, N_IN)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        QMatrix("blk.0.attn_q.weight", raw[:, :-20], Q.Q4_1, N_OUT, N_IN)   # one block short a row
+    with pytest.raises(ValueError, match="whole blocks"):
+        QMatrix("blk.0.attn_q.weight", raw, Q.Q4_1, N_OUT, N_IN + 16)
+
+
+def test_unsupported_type_is_refused_with_a_way_out():
+    raw = quants.quantize(np.zeros((4, 32), F32), Q.Q5_0)
+    with pytest.raises(ValueError, match="llama.cpp backend"):
+        QMatrix.from_array(raw, Q.Q5_0, name="blk.0.ffn_up.weight")
+
+
+# ---- activation quantization: exactly llama.cpp's
+
+def test_q8_0_and_q8_1_activations_match_x86_quantize_row():
+    x = make_acts(N_TOK, N_IN)
+    q, d, s, qsum = ref_acts_q8(x)
+    xq = np.empty(x.shape, np.int16)
+    dx = np.empty(d.shape, F32)
+    qs = np.empty(d.shape, np.int32)
+    kernels_act.quantize_q8_0(x, xq, dx, qs)
+    assert np.array_equal(xq.reshape(q.shape), q)
+    assert np.array_equal(dx, d) and np.array_equal(qs, qsum)
+    sx = np.empty(d.shape, F32)
+    kernels_act.quantize_q8_1(x, xq, dx, sx)
+    assert np.array_equal(dx, d) and np.array_equal(sx, s)
+    # the ties of make_acts: ties to even as _mm256_round_ps, not roundf's away from zero
+    assert xq[-1, 96] == 0 and xq[-1, 100] == -2
+
+
+def _block_where_inverse_matters() -> np.ndarray:
+    """(32,) float32 Q8_0 block on which id = 127/amax (AVX2 quantize_row_q8_0) and
+    id = 1/d (quantize_row_q8_0_ref) round some element differently."""
+    rng = np.random.default_rng(11)
+    for amax in rng.uniform(0.5, 50, 2000).astype(F32):
+        inv_avx, inv_ref = F32(127) / amax, F32(1) / (amax / F32(127))
+        if inv_avx == inv_ref:
+            continue
+        for k in range(126):
+            x = F32((k + 0.5) / float(inv_avx))
+            for _ in range(8):                               # walk a few ulps around the tie
+                if np.rint(x * inv_avx) != np.rint(x * inv_ref) and abs(x) < amax:
+                    block = rng.uniform(-1, 1, 32).astype(F32) * amax * F32(0.9)
+                    block[0], block[1] = amax, x
+                    return block
+                x = np.nextafter(x, F32(np.inf))
+    raise AssertionError("no such block found")
+
+
+def test_q8_0_uses_127_over_amax_not_one_over_d():
+    x = np.tile(_block_where_inverse_matters(), 2).reshape(1, 64)
+    q, d, _, _ = ref_acts_q8(x)
+    xq = np.empty(x.shape, np.int16)
+    dx = np.empty(d.shape, F32)
+    qs = np.empty(d.shape, np.int32)
+    kernels_act.quantize_q8_0(x, xq, dx, qs)
+    assert np.array_equal(xq.reshape(q.shape), q)
+
+
+def test_q8_k_activations_match_quantize_row_q8_k_ref():
+    x = make_acts(N_TOK, N_IN)
+    x[1, 256:512] = 0                                    # an all-zero super-block
+    x[2, 10], x[2, 11] = -500.0, 500.0                   # equal |x|: the first one sets the sign
+    q, d, bsums = ref_acts_q8_k(x)
+    xq = np.empty(x.shape, np.int16)
+    dk = np.empty(d.shape, F32)
+    bs = np.empty((N_TOK, N_IN // 16), np.int32)
+    kernels_act.quantize_q8_k(x, xq, dk, bs)
+    assert np.array_equal(xq.reshape(q.shape), q)
+    assert np.array_equal(dk, d)
+    assert np.array_equal(bs.reshape(bsums.shape), bsums)
+    assert xq[2, 10] == -127 and xq[2, 11] == 127
+
+
+# ---- f16 / bf16 helpers
+
+def test_f16_to_f32_is_exact_for_every_bit_pattern():
+    bits = np.arange(65536, dtype=np.uint16)
+    out = np.empty(65536, F32)
+    kernels_common.f16_to_f32(bits, out)
+    expected = bits.view(np.float16).astype(F32)
+    nan = np.isnan(expected)
+    assert np.array_equal(np.isnan(out), nan)
+    assert np.array_equal(out[~nan].view(np.uint32), expected[~nan].view(np.uint32))
+
+
+def test_round_to_f16_and_bf16_match_numpy_and_gguf():
+    rng = np.random.default_rng(3)
+    v = np.concatenate([
+        rng.standard_normal(4000).astype(F32) * F32(10.0) ** rng.integers(-9, 6, 4000).astype(F32),
+        np.array([0.0, -0.0, 65504, 65519.99, 65520, 1e9, -1e9, 2.0 ** -24, 2.0 ** -25,
+                  3 * 2.0 ** -26, 2.0 ** -14, 2.0 ** -14 * (1 - 2.0 ** -11), 1 + 2.0 ** -11,
+                  1 + 3 * 2.0 ** -11, np.inf, -np.inf], F32)])
+    r16 = v.copy()
+    kernels_common.round_to_f16(r16)
+    with np.errstate(over="ignore"):                    # 1e9 -> inf is the point
+        expected = v.astype(np.float16).astype(F32)
+    assert np.array_equal(r16.view(np.uint32), expected.view(np.uint32))
+    rb = v.copy()
+    kernels_common.round_to_bf16(rb)
+    expected = quants.dequantize(quants.quantize(v, Q.BF16), Q.BF16)
+    assert np.array_equal(rb.view(np.uint32), expected.view(np.uint32))
+
+
+# ---- layout and loading
+
+def test_tile_plane_roundtrip_and_addressing():
+    plane = np.arange(200 * 7, dtype=np.int32).reshape(200, 7)
+    flat = kernels_common.tile_plane(plane)
+    assert np.array_equal(kernels_common.untile_plane(flat, 200, 7), plane)
+    r, c = 130, 5                     # group 8 (r0 = 128, w = 16), row 2 of it
+    assert flat[128 * 7 + c * 16 + (r - 128)] == plane[r, c]
+    r = 197                           # the narrow last group: r0 = 192, w = 8
+    assert flat[192 * 7 + c * 8 + (r - 192)] == plane[r, c]
+
+
+def test_threads_take_balanced_runs_of_groups():
+    runs = [kernels_common.chunk_groups(c, 2, 36) for c in range(2)]      # 576 rows on 2 threads
+    assert runs == [(0, 18), (18, 36)]
+    runs = [kernels_common.chunk_groups(c, 3, 13) for c in range(3)]
+    assert runs[0][0] == 0 and runs[-1][1] == 13 and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    assert max(g1 - g0 for g0, g1 in runs) - min(g1 - g0 for g0, g1 in runs) <= 1
+
+
+def test_from_tensor_reads_a_gguf_file_and_releases_only_file_pages(tmp_path):
+    import gguf
+    w = make_raw(Q.Q8_0, 256, 64)                       # 17 KB: several whole pages
+    path = tmp_path / "q.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", w, raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    m = QMatrix.from_tensor(reader.tensors[0])
+    assert m.shape == (256, 64) and m.qtype == Q.Q8_0 and m.name == "token_embd.weight"
+    expected = quants.dequantize(w, Q.Q8_0).reshape(256, 64)
+    assert np.array_equal(m.rows(np.arange(256)), expected)
+    assert release_file_pages(reader.tensors[0].data) is True        # a read-only file mapping
+    assert np.array_equal(np.asarray(m.raw).reshape(w.shape), w)      # raw still reads the file
+    heap = w.copy()
+    assert release_file_pages(heap) is False                          # never madvise heap memory
+    assert np.array_equal(heap, w)
