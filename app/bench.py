@@ -89,20 +89,11 @@ def kv_bytes_per_token_f16(meta: dict) -> int:
     return 2 * meta["n_layers"] * meta["n_kv_heads"] * meta["head_dim"] * 2
 
 
-def read_bandwidth_gb_s(size_mb: int = 256, repeats: int = 5) -> float:
-    """Machine read bandwidth: the engine's multi-threaded probe when present, else numpy."""
-    try:
-        from app.engine.bandwidth import probe_read_bandwidth  # type: ignore[attr-defined]
+def read_bandwidth_gb_s() -> float:
+    """The machine's multi-threaded read bandwidth (best of the engine's probe)."""
+    from app.engine.bandwidth import probe_read_bandwidth
 
-        return float(probe_read_bandwidth())
-    except Exception:
-        a = np.ones(size_mb * 2**20 // 8)  # (n,) float64
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            a.sum()
-            best = min(best, time.perf_counter() - t)
-        return a.nbytes / best / 1e9
+    return probe_read_bandwidth().best_gb_s
 
 
 # ---- Measuring ----------------------------------------------------------------------
