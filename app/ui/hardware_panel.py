@@ -12,7 +12,9 @@ from PySide6.QtWidgets import (
     QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-NUMA_POLICIES = ("distribute", "isolate", "none")     # as app.engine.threads.NUMA_POLICIES
+from app.config import NUMA_POLICIES
+from app.hardware import format_cpulist
+
 NUMA_TIPS = {
     "distribute": "Threads on every NUMA node; weights and KV cache split so each node reads its own memory",
     "isolate": "Threads and memory on one node (the one with the most free memory)",
@@ -20,19 +22,6 @@ NUMA_TIPS = {
 }
 WARNING_STYLE = "color: #b00020; font-weight: 600;"
 GiB = 1 << 30
-
-
-def _cpulist(cpus) -> str:
-    """[0, 1, 2, 3, 8] -> '0-3,8' (kept here so the UI imports nothing from the engine)."""
-    cpus = sorted(set(cpus))
-    parts, i = [], 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 class HardwarePanel(QWidget):
@@ -112,7 +101,7 @@ class HardwarePanel(QWidget):
         self.memory.setText(f"{report['mem_available_bytes'] / GiB:.1f} GiB free of "
                             f"{report['mem_total_bytes'] / GiB:.1f} GiB")
         self.nodes.setText("\n".join(
-            f"node {n['id']}: CPUs {_cpulist(n['cpus'])}, {n['mem_bytes'] / GiB:.1f} GiB"
+            f"node {n['id']}: CPUs {format_cpulist(n['cpus'])}, {n['mem_bytes'] / GiB:.1f} GiB"
             for n in report["numa_nodes"]))
         self.governor.setText(report["governor"] or "unknown (no cpufreq)")
         gb_s = report.get("bandwidth_gb_s")
