@@ -81,7 +81,7 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
                     "the eLLM engine is not available in this build yet; use --engine llamacpp")
             from app.engine.ellm_backend import EllmBackend
 
-            backend = EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads)
+            backend = EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, numa=numa)
         _cache.clear()  # keep one model in memory at a time
         _cache[key] = backend
         return backend

@@ -35,6 +35,7 @@ class BenchConfig:
     threads: int = 0
     kv: str = "f16"
     attention: str = "dense"
+    pinning: tuple[bool, ...] = (True,)  # ellm only: threads pinned one per CPU, or left to the OS
 
 
 @dataclass
@@ -48,13 +49,14 @@ class BenchResult:
     bytes_per_token: dict
     gb_s: float
     decode_steps: int
+    pinned: bool | None = None  # None: the engine places its own threads (llama.cpp)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "attention": self.attention, "kv": self.kv, "context": self.context,
                 "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": round(self.decode_tok_s, 2),
                 "bytes_per_token": self.bytes_per_token, "gb_s": round(self.gb_s, 3),
-                "decode_steps": self.decode_steps, "notes": self.notes}
+                "decode_steps": self.decode_steps, "pinned": self.pinned, "notes": self.notes}
 
 
 # ---- Bytes per token ------------------------------------------------------------
@@ -124,14 +126,14 @@ def measure(backend, context: int, steps: int) -> tuple[float, float, int]:
     return prefill, decode, len(stamps)
 
 
-def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int):
+def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bool = True):
     if engine == "llamacpp":
         from app.engine.llamacpp_backend import LlamaCppBackend
 
         return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads)
     from app.engine.ellm_backend import EllmBackend
 
-    return EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads)
+    return EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, pin=pin)
 
 
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
@@ -144,17 +146,19 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                "read_bandwidth_gb_s": round(bandwidth, 2), "model": cfg.model_path.name}
     results = []
     n_ctx = max(cfg.contexts) + cfg.decode_steps + 64
-    for engine in cfg.engines:
-        backend = open_engine(engine, cfg.model_path, n_ctx, threads)
+    runs = [(e, p) for e in cfg.engines for p in (cfg.pinning if e == "ellm" else (None,))]
+    for engine, pin in runs:
+        backend = open_engine(engine, cfg.model_path, n_ctx, threads, pin is not False)
         measure(backend, min(64, min(cfg.contexts)), 4)  # warm-up: JIT, caches, page faults
         for context in cfg.contexts:
             if progress:
-                progress(f"{engine}: {context} tokens of context")
+                progress(f"{engine}{'' if pin is None else (' pinned' if pin else ' unpinned')}: "
+                         f"{context} tokens of context")
             prefill, decode, steps = measure(backend, context, cfg.decode_steps)
             kv = kv_bytes_per_token_f16(meta) * context
             bpt = {"weights": meta["weights"], "kv": kv, "metadata": 0, "total": meta["weights"] + kv}
             results.append(BenchResult(engine, cfg.attention, cfg.kv, context, prefill, decode, bpt,
-                                       bpt["total"] * decode / 1e9, steps))
+                                       bpt["total"] * decode / 1e9, steps, pin))
         backend.close()
     return {"machine": machine, "results": [r.as_dict() for r in results]}
 
@@ -176,12 +180,13 @@ def format_table(report: dict) -> str:
     m = report["machine"]
     lines = [f"{m['model']} on {m['cpu']}, {m['threads']} threads; "
              f"measured read bandwidth {m['read_bandwidth_gb_s']:.1f} GB/s", ""]
-    head = f"{'engine':<9} {'attn':<6} {'kv':<5} {'context':>7} {'prefill t/s':>11} {'decode t/s':>10} " \
+    head = f"{'engine':<9} {'pin':<4} {'attn':<6} {'kv':<5} {'context':>7} {'prefill t/s':>11} {'decode t/s':>10} " \
            f"{'MB/token':>9} {'(weights':>9} {'kv)':>7} {'GB/s':>6}"
     lines += [head, "-" * len(head)]
     for r in report["results"]:
         b = r["bytes_per_token"]
-        lines.append(f"{r['engine']:<9} {r['attention']:<6} {r['kv']:<5} {r['context']:>7} "
+        pin = {True: "yes", False: "no"}.get(r.get("pinned"), "-")
+        lines.append(f"{r['engine']:<9} {pin:<4} {r['attention']:<6} {r['kv']:<5} {r['context']:>7} "
                      f"{r['prefill_tok_s']:>11.1f} {r['decode_tok_s']:>10.1f} {b['total'] / 1e6:>9.1f} "
                      f"{b['weights'] / 1e6:>9.1f} {b['kv'] / 1e6:>7.1f} {r['gb_s']:>6.2f}")
     # Ratios against llama.cpp at the same context.
@@ -190,7 +195,8 @@ def format_table(report: dict) -> str:
     for r in report["results"]:
         base = ref.get(r["context"])
         if r["engine"] != "llamacpp" and base and base["decode_tok_s"] and base["prefill_tok_s"]:
-            ratios.append(f"{r['engine']}/llamacpp at {r['context']}: decode "
+            which = "" if r.get("pinned") is not False else " (unpinned)"
+            ratios.append(f"{r['engine']}{which}/llamacpp at {r['context']}: decode "
                           f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x, prefill "
                           f"{r['prefill_tok_s'] / base['prefill_tok_s']:.2f}x")
     if ratios:

@@ -272,8 +272,11 @@ def cmd_bench(ctx: Context) -> int:
         raise CliError(f"--contexts takes numbers separated by commas, not '{a.contexts}'") from e
     if a.kv != "f16" or a.attention != "dense":
         raise CliError("only --kv f16 and --attention dense are implemented so far")
+    pins = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(a.pin)
+    if pins is None:
+        raise CliError(f"--pin takes on, off or on,off, not '{a.pin}'")
     cfg = BenchConfig(model_path=ctx.model_path, engines=engines, contexts=contexts, decode_steps=a.steps,
-                      threads=a.threads or 0, kv=a.kv, attention=a.attention)
+                      threads=a.threads or 0, kv=a.kv, attention=a.attention, pinning=pins)
     report = run_bench(cfg, progress=lambda what: err(f"bench: {what}"))
     print(format_table(report))
     if a.json_file:
@@ -392,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv", default="f16", help="KV cache precision (f16)")
     p.add_argument("--attention", default="dense", help="attention (dense)")
     p.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
+    p.add_argument("--pin", default="on", help="ellm threads pinned one per CPU: on, off, or on,off to compare")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write the results as JSON to FILE")

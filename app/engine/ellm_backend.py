@@ -20,10 +20,13 @@ class EllmBackend:
     name = "ellm"
 
     def __init__(self, model_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True):
         self.model_path = str(model_path)
         self.n_threads = n_threads
-        self._thread_plan = _plan_threads(n_threads)
+        self._thread_plan = _plan_threads(n_threads, numa)
+        if not pin and not isinstance(self._thread_plan, (int, type(None))):
+            # Unpinned (benchmarks compare): only the thread count, the OS places the threads.
+            self._thread_plan = self._thread_plan.count
         _apply_threads(self._thread_plan)  # before loading: weight tiles are laid out per thread count
         self.model = Model(self.model_path)
         self.tokenizer = Tokenizer.from_gguf(self.model.reader)
@@ -110,12 +113,12 @@ class EllmBackend:
 # ---- Threads -------------------------------------------------------------------------------
 
 
-def _plan_threads(n_threads: int | None):
+def _plan_threads(n_threads: int | None, numa: str = "distribute"):
     """The thread plan of app/engine/threads.py (one thread per physical core by default)."""
     try:
         from .threads import plan_threads
         from .topology import read_topology
-        return plan_threads(read_topology(), threads=n_threads or 0)
+        return plan_threads(read_topology(), threads=n_threads or 0, numa_policy=numa)
     except (ImportError, OSError, ValueError):
         return n_threads
 

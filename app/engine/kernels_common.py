@@ -44,6 +44,8 @@ from numba import get_num_threads, njit, types
 from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _numba_parallel
 
+from app.engine.threads import placed_empty
+
 GROUP = 16  # rows per group: 16 int16 lanes of an AVX2 register
 
 F32_F16_REBIAS = np.int32(112 << 23)  # (127 - 15) << 23: f16 exponent bias -> f32 exponent bias
@@ -61,7 +63,7 @@ def tile_plane(plane: np.ndarray) -> np.ndarray:
     src = plane if plane.ndim == 3 else plane[:, None, :]          # (n_out, nb, B)
     n_out, nb, bb = src.shape
     n_full = n_out // GROUP
-    out = np.empty(n_out * nb * bb, dtype=plane.dtype)           # (n_out * k,)
+    out = placed_empty(n_out * nb * bb, plane.dtype)              # (n_out * k,) on the readers' NUMA nodes
     split = n_full * GROUP * nb * bb
     out[:split].reshape(n_full, nb, bb, GROUP)[...] = (
         src[: n_full * GROUP].reshape(n_full, GROUP, nb, bb).transpose(0, 2, 3, 1))

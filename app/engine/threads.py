@@ -280,6 +280,29 @@ def empty_first_touched(shape, dtype, plan: ThreadPlan, axis: int = 0) -> np.nda
     return first_touch(array, plan, axis)
 
 
+def current_plan() -> ThreadPlan | None:
+    """The plan the calling thread last applied (``apply``), or None."""
+    cached = getattr(_local, "applied", None)
+    return cached[0] if cached is not None else None
+
+
+def placed_empty(shape, dtype, plan: ThreadPlan | None = None, axis: int = 0) -> np.ndarray:
+    """``np.empty`` for an array the engine's threads will stream by rows (repacked weights).
+
+    With a plan over several NUMA nodes (``distribute``) each thread's share of rows along
+    ``axis`` is first touched from that thread's CPU, so it lives in the memory of the node
+    that reads it (the kernels give each thread one contiguous run of row groups, which is
+    how ``first_touch`` splits). One node, or no plan applied in this thread: plain
+    ``np.empty`` — the pages land on the node of the loading thread, which ``isolate`` has
+    pinned to its node. ``plan`` defaults to the one this thread applied.
+    """
+    plan = plan if plan is not None else current_plan()
+    array = np.empty(shape, dtype)
+    if plan is None or len(plan.per_node) <= 1:
+        return array
+    return first_touch(array, plan, axis)
+
+
 _SYS_MOVE_PAGES = {"x86_64": 279, "aarch64": 239}.get(platform.machine())
 
 

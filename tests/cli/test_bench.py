@@ -41,3 +41,18 @@ def test_bench_llamacpp_json_and_plot(cli, tmp_path):
 def test_bench_rejects_unknown_engines(cli):
     rc, _, err = cli("bench", "--engines", "gpu")
     assert rc == 1 and "unknown engine 'gpu'" in err
+
+
+def test_bench_ellm_pinned_and_unpinned_side_by_side(cli, tmp_path):
+    out = tmp_path / "pin.json"
+    rc, text, _ = cli("bench", "--engines", "ellm", "--contexts", "32", "--steps", "3", "--pin", "on,off",
+                      "--json", str(out))
+    assert rc == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["engine"], r["pinned"]) for r in rows] == [("ellm", True), ("ellm", False)]
+    assert all(r["decode_tok_s"] > 0 for r in rows)
+
+
+def test_bench_rejects_a_bad_pin_choice(cli):
+    rc, _, err = cli("bench", "--pin", "sometimes")
+    assert rc == 1 and "--pin takes on, off or on,off" in err

@@ -255,3 +255,29 @@ def test_apply_pins_with_the_workqueue_layer_too():
     assert result["layer"] == "workqueue"
     assert [c for _, c in result["pinned"]] == result["plan"]
     assert result["ran_on"] == [result["plan"]] * 5
+
+
+def test_placed_empty_first_touches_each_nodes_rows_on_a_multi_node_plan(monkeypatch):
+    import dataclasses
+
+    from app.engine import threads
+
+    plan = plan_threads(read_topology())
+    assert threads.placed_empty(10, np.uint8, plan).shape == (10,)  # one node: plain np.empty
+    touched = []
+    monkeypatch.setattr(threads, "first_touch", lambda a, p, axis=0: touched.append((a.shape, p, axis)) or a)
+    two_nodes = dataclasses.replace(plan, per_node=plan.per_node * 2)
+    out = threads.placed_empty((64, 3), np.int8, two_nodes)
+    assert out.shape == (64, 3) and touched == [((64, 3), two_nodes, 0)]
+
+
+def test_repacked_weights_are_allocated_through_the_placement_hook(monkeypatch):
+    from app.engine import kernels_common
+
+    calls = []
+    real = kernels_common.placed_empty
+    monkeypatch.setattr(kernels_common, "placed_empty", lambda shape, dtype: calls.append(shape) or real(shape, dtype))
+    plane = np.arange(40 * 6, dtype=np.uint8).reshape(40, 6)  # (n_out, k)
+    flat = kernels_common.tile_plane(plane)
+    assert calls == [240]
+    assert np.array_equal(kernels_common.untile_plane(flat, 40, 6), plane)
