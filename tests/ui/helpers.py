@@ -19,14 +19,19 @@ def ask_and_wait(qtbot, window, question: str):
     """Type ``question``, click Ask, wait for the answer; returns (answer, streamed pieces)."""
     window.ask_pane.question.clear()
     qtbot.keyClicks(window.ask_pane.question, question)
-    qtbot.mouseClick(window.ask_pane.ask_button, Qt.LeftButton)
-    job = window.ask_job
-    assert job is not None, window.statusBar().currentMessage()
     pieces: list[str] = []
-    job.signals.sig_text.connect(pieces.append)
-    with qtbot.waitSignal(job.signals.sig_done, timeout=ANSWER_TIMEOUT_MS) as done:
-        pass
-    qtbot.waitUntil(lambda: window.ask_job is None, timeout=10_000)
+    pane = window.ask_pane
+    real_append = pane.append  # recorded from the job's start: no early piece is missed
+    pane.append = lambda piece: (pieces.append(piece), real_append(piece))
+    try:
+        qtbot.mouseClick(pane.ask_button, Qt.LeftButton)
+        job = window.ask_job
+        assert job is not None, window.statusBar().currentMessage()
+        with qtbot.waitSignal(job.signals.sig_done, timeout=ANSWER_TIMEOUT_MS) as done:
+            pass
+        qtbot.waitUntil(lambda: window.ask_job is None, timeout=10_000)
+    finally:
+        del pane.append
     return done.args[0], pieces
 
 
