@@ -9,9 +9,9 @@ ANSWER_TIMEOUT_MS = 180_000  # two cores shared with other work: be patient, nev
 def ingest(qtbot, window, folder):
     """Ingest ``folder`` through the window and wait until the library shows the result."""
     job = window.ingest([str(folder)])
-    with qtbot.waitSignal(job.signals.sig_finished, timeout=120_000):
-        pass
-    qtbot.waitUntil(lambda: window.ingest_job is None)
+    # The window clears ingest_job when the job has finished; waiting on that cannot miss a
+    # signal emitted before the test could connect to it.
+    qtbot.waitUntil(lambda: window.ingest_job is None, timeout=120_000)
     return job
 
 
