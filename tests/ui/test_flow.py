@@ -29,9 +29,7 @@ def test_open_ingest_ask_stop_cite_and_export(qtbot, window, corpus, session, mo
     window.open_action.trigger()
     job = window.ingest_job
     assert job is not None and window.library.progress.isVisible() and window.library.cancel_button.isVisible()
-    with qtbot.waitSignal(job.signals.sig_finished, timeout=120_000):
-        pass
-    qtbot.waitUntil(lambda: window.ingest_job is None)
+    qtbot.waitUntil(lambda: window.ingest_job is None, timeout=120_000)
     assert [p[:2] for p in progress][-1] == (5, 5)
     assert any(p[2].endswith("treaty.pdf: ingested (3 pages, 105 tokens)") for p in progress)
     assert window.library.table.rowCount() == 5
@@ -105,9 +103,7 @@ def test_open_ingest_ask_stop_cite_and_export(qtbot, window, corpus, session, mo
     real_progress = pane._progress
     monkeypatch.setattr(pane, "_progress", lambda *a: (steps.append(a), real_progress(*a)))
     qtbot.mouseClick(pane.summarize_button, Qt.LeftButton)
-    with qtbot.waitSignal(pane.job.signals.sig_finished, timeout=ANSWER_TIMEOUT_MS):
-        pass
-    qtbot.waitUntil(lambda: pane.job is None)
+    qtbot.waitUntil(lambda: pane.job is None, timeout=ANSWER_TIMEOUT_MS)
     assert steps[0] == (0, 1, "summarizing the whole document")
     text = pane.text.toPlainText()
     assert text and pane.summary["text"] == text and "single pass" in pane.method.text()
@@ -148,9 +144,7 @@ def test_a_long_document_is_summarized_section_by_section_and_can_be_cancelled(q
                  "and the lighthouse, and every member spoke at length about the river. ")
     make_text(folder / "minutes.txt", "\n\n".join(f"Section {i}\n\n" + paragraph * 3 for i in range(8)))
     job = window.ingest([str(folder)])
-    with qtbot.waitSignal(job.signals.sig_finished, timeout=120_000):
-        pass
-    qtbot.waitUntil(lambda: window.ingest_job is None)
+    qtbot.waitUntil(lambda: window.ingest_job is None, timeout=120_000)
     window.library.select_id(doc_id(window, "minutes.txt"))
     window.tabs.setCurrentWidget(window.summary_pane)
     pane = window.summary_pane
@@ -180,8 +174,7 @@ def test_errors_are_messages_not_tracebacks(qtbot, window, session, corpus):
     window.library.select_id(doc_id(window, "treaty.pdf"))
     window.ask_pane.question.setText("Anything?")
     window.ask_pane.ask_button.click()
-    with qtbot.waitSignal(window.ask_job.signals.sig_finished, timeout=30_000):
-        pass
+    qtbot.waitUntil(lambda: window.ask_job is None, timeout=30_000)  # the job clears it when finished
     message = window.statusBar().currentMessage()
     assert message.startswith("/nonexistent/model.gguf: no such model file")
     assert "Traceback" not in message

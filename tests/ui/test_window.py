@@ -51,9 +51,7 @@ def test_ask_streams_an_answer_with_clickable_citations(qtbot, window, corpus):
     job = window.ask_job
     job.signals.sig_text.connect(pieces.append)
     assert window.ask_pane.stop_button.isEnabled()
-    with qtbot.waitSignal(job.signals.sig_finished, timeout=120_000):
-        pass
-    qtbot.waitUntil(lambda: window.ask_job is None)
+    qtbot.waitUntil(lambda: window.ask_job is None, timeout=120_000)
     assert window.ask_pane.citations.count() >= 1
     assert "prompt tokens" in window.ask_pane.stats.text()
     assert window.session.store.answers(doc_id=doc["id"])
