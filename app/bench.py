@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,11 +68,6 @@ def model_bytes(model_path: Path) -> dict:
     from gguf import GGUFReader
 
     reader = GGUFReader(model_path, "r")
-    arch = reader.fields["general.architecture"].contents()
-    get = lambda key: reader.fields[f"{arch}.{key}"].contents()  # noqa: E731
-    n_layers, n_heads, n_kv = int(get("block_count")), int(get("attention.head_count")), int(
-        get("attention.head_count_kv"))
-    head_dim = int(get("embedding_length")) // n_heads
     names = {t.name for t in reader.tensors}
     total = 0
     for t in reader.tensors:
@@ -83,12 +78,14 @@ def model_bytes(model_path: Path) -> dict:
                 total += int(t.n_bytes)  # tied output matrix
         else:
             total += int(t.n_bytes)
-    return {"weights": total, "n_layers": n_layers, "n_kv_heads": n_kv, "head_dim": head_dim}
+    return {"weights": total}
 
 
-def kv_bytes_per_token_f16(meta: dict) -> int:
-    """K and V, f16: 2 x layers x kv_heads x head_dim x 2 bytes for each cached token."""
-    return 2 * meta["n_layers"] * meta["n_kv_heads"] * meta["head_dim"] * 2
+def kv_bytes_per_token(model_path: Path, kv: str) -> int:
+    """KV bytes each cached token adds (the engine's KV calculator, from GGUF metadata)."""
+    from app.engine.kvcalc import KVShape, kv_bytes_per_token as per_token
+
+    return per_token(KVShape.from_gguf(model_path), kv)
 
 
 def read_bandwidth_gb_s() -> float:
@@ -114,8 +111,7 @@ def filler_prompt(backend, n_tokens: int) -> list[int]:
 def measure(backend, context: int, steps: int) -> tuple[float, float, int]:
     """(prefill tok/s, decode tok/s median over steps, steps done) at ``context``."""
     prompt = filler_prompt(backend, context)
-    params = SamplingParams.make_greedy(steps)
-    params = SamplingParams(**{**params.__dict__, "ignore_eos": True})
+    params = replace(SamplingParams.make_greedy(steps), ignore_eos=True)
     stamps = []
     t0 = time.perf_counter()
     for _ in backend.generate(prompt, params):
@@ -141,6 +137,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
 
     threads = cfg.threads or default_threads()
     meta = model_bytes(cfg.model_path)
+    kv_per_token = kv_bytes_per_token(cfg.model_path, cfg.kv)
     bandwidth = read_bandwidth_gb_s()
     machine = {"cpu": _cpu_model(), "platform": platform.platform(), "threads": threads,
                "read_bandwidth_gb_s": round(bandwidth, 2), "model": cfg.model_path.name}
@@ -155,7 +152,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                 progress(f"{engine}{'' if pin is None else (' pinned' if pin else ' unpinned')}: "
                          f"{context} tokens of context")
             prefill, decode, steps = measure(backend, context, cfg.decode_steps)
-            kv = kv_bytes_per_token_f16(meta) * context
+            kv = kv_per_token * context
             bpt = {"weights": meta["weights"], "kv": kv, "metadata": 0, "total": meta["weights"] + kv}
             results.append(BenchResult(engine, cfg.attention, cfg.kv, context, prefill, decode, bpt,
                                        bpt["total"] * decode / 1e9, steps, pin))

@@ -5,7 +5,8 @@ import json
 
 from gguf import GGUFReader
 
-from app.bench import kv_bytes_per_token_f16, model_bytes
+from app.bench import kv_bytes_per_token, model_bytes
+from app.engine.kvcalc import KVShape
 from app.models import default_model_path
 
 
@@ -17,8 +18,9 @@ def test_weight_bytes_count_every_matrix_once_and_one_embedding_row():
     meta = model_bytes(path)
     # SmolLM2 ties its output to the embedding: the whole matrix is read for the logits.
     assert meta["weights"] == all_bytes + int(embd.n_bytes) // 49152
-    assert (meta["n_layers"], meta["n_kv_heads"], meta["head_dim"]) == (30, 3, 64)
-    assert kv_bytes_per_token_f16(meta) == 2 * 30 * 3 * 64 * 2
+    shape = KVShape.from_gguf(path)
+    assert (shape.n_layers, shape.n_kv_heads, shape.key_length, shape.value_length) == (30, 3, 64, 64)
+    assert kv_bytes_per_token(path, "f16") == 2 * 30 * 3 * 64 * 2
 
 
 def test_bench_llamacpp_json_and_plot(cli, tmp_path):
