@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from app.engine.backend import SamplingParams, stream_text
-from app.prompting import TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context
+from app.prompting import (
+    TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context, token_counter,
+)
 from app.store import Store
 
 SYSTEM_PROMPT = (
@@ -66,7 +68,7 @@ def ask(store: Store, backend, question: str, doc_ids: list[int], params: Sampli
     if not question:
         raise AskError("the question is empty")
     t_start = time.perf_counter()
-    count = lambda text: len(backend.tokenize(text, add_bos=False, special=False))  # noqa: E731
+    count = token_counter(backend)
     pages = load_pages(store, doc_ids, count)
     if not pages:
         raise AskError("the document has no text in the store; ingest it again (see `ellm docs` for its status)")

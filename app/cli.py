@@ -143,9 +143,7 @@ def cmd_ask(ctx: Context) -> int:
     try:
         answer = ask(ctx.store, backend, ctx.args.question, [d["id"] for d in docs], params,
                      model_name=ctx.model_path.name, on_text=show)
-    except AskError as e:
-        raise CliError(str(e)) from e
-    except ValueError as e:
+    except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     if ctx.json:
         ctx.print_json(answer.as_dict())

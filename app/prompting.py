@@ -71,6 +71,11 @@ def page_ranges(pages: list[PageText]) -> str:
     return "; ".join(out)
 
 
+def token_counter(backend):
+    """count(text) -> tokens of ``text`` for ``backend``'s tokenizer (no BOS, no special tokens)."""
+    return lambda text: len(backend.tokenize(text, add_bos=False, special=False))
+
+
 def format_pages(pages: list[PageText]) -> str:
     """Document text with page markers the model can cite."""
     parts, current = [], None

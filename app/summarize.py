@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from app.engine.backend import SamplingParams, stream_text
-from app.prompting import TEMPLATE_OVERHEAD, PageText, format_pages, load_pages, page_ranges
+from app.prompting import TEMPLATE_OVERHEAD, PageText, format_pages, load_pages, page_ranges, token_counter
 from app.store import Store
 
 SUMMARY_SYSTEM = (
@@ -79,7 +79,7 @@ def summarize(store: Store, backend, doc_id: int, params: SamplingParams, model_
     doc = store.document(doc_id)
     if doc is None:
         raise SummaryError(f"no document with id {doc_id}")
-    count = lambda text: len(backend.tokenize(text, add_bos=False, special=False))  # noqa: E731
+    count = token_counter(backend)
     pages = load_pages(store, [doc_id], count)
     if not pages:
         raise SummaryError(f"{doc['path']}: no text in the store; ingest it again")
