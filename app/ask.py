@@ -16,6 +16,8 @@ from app.engine.backend import SamplingParams, stream_text
 from app.prompting import (
     TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context, token_counter,
 )
+from app.attended import attended_passages
+from app.doccache import DocCaches, store_cache_dir
 from app.store import Store
 
 SYSTEM_PROMPT = (
@@ -56,13 +58,34 @@ class Answer:
 def build_messages(question: str, context_text: str) -> list[dict]:
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"{context_text}\n\nQuestion: {question}"},
+        {"role": "user", "content": f"{context_text}{QUESTION_LEAD}{question}"},
     ]
+
+
+QUESTION_LEAD = "\n\nQuestion: "
+_SLOT = "\u27e6question\u27e7"
+
+
+def prompt_parts(backend, question: str, context_text: str) -> tuple[str, str]:
+    """The rendered prompt split into the question-independent prefix (system prompt and
+    documents: its KV cache is computed once, app/doccache.py) and the rest."""
+    rendered = backend.apply_chat_template(build_messages(_SLOT, context_text))
+    cut = rendered.index(QUESTION_LEAD + _SLOT)
+    return rendered[:cut], rendered[cut:].replace(_SLOT, question)
+
+
+def prompt_tokens(backend, question: str, context_text: str) -> tuple[list[int], int, str]:
+    """(prompt tokens, length of the prefix among them, prefix text). The two parts are
+    tokenized apart so that the prefix's tokens never depend on the question."""
+    prefix_text, rest = prompt_parts(backend, question, context_text)
+    prefix = backend.tokenize(prefix_text, add_bos=True, special=True)
+    return prefix + backend.tokenize(rest, add_bos=False, special=True), len(prefix), prefix_text
 
 
 def ask(store: Store, backend, question: str, doc_ids: list[int], params: SamplingParams,
         model_name: str = "", on_text: Callable[[str], None] | None = None,
-        cancel: Callable[[], bool] | None = None, save: bool = True) -> Answer:
+        cancel: Callable[[], bool] | None = None, save: bool = True,
+        caches: DocCaches | None = None) -> Answer:
     """Answer ``question`` about ``doc_ids``; ``on_text`` receives the answer as it streams."""
     question = question.strip()
     if not question:
@@ -78,13 +101,11 @@ def ask(store: Store, backend, question: str, doc_ids: list[int], params: Sampli
         raise AskError(f"the context of {backend.n_ctx} tokens leaves no room for the document after the "
                        f"question and {params.max_tokens} answer tokens; raise the context length or lower max tokens")
     plan = plan_context(store, pages, budget, question)
-    prompt_text = backend.apply_chat_template(build_messages(question, format_pages(plan.pages)))
-    tokens = backend.tokenize(prompt_text, add_bos=True, special=True)
+    tokens, n_prefix, prefix_text = prompt_tokens(backend, question, format_pages(plan.pages))
     if len(tokens) + params.max_tokens > backend.n_ctx:  # page estimates were low: drop pages until it fits
         while plan.pages and len(tokens) + params.max_tokens > backend.n_ctx:
             plan.pages.pop()
-            prompt_text = backend.apply_chat_template(build_messages(question, format_pages(plan.pages)))
-            tokens = backend.tokenize(prompt_text, add_bos=True, special=True)
+            tokens, n_prefix, prefix_text = prompt_tokens(backend, question, format_pages(plan.pages))
         plan.used_tokens = sum(p.tokens for p in plan.pages)
 
     pieces: list[str] = []
@@ -96,16 +117,29 @@ def ask(store: Store, backend, question: str, doc_ids: list[int], params: Sampli
             cancelled = True
         return cancelled
 
-    for piece in stream_text(backend, backend.generate(tokens, params, stop_now), params.stop):
-        pieces.append(piece)
-        if on_text:
-            on_text(piece)
+    t_prefix = time.perf_counter()
+    caches = caches or DocCaches(store, store_cache_dir(store))
+    kv_cache = caches.prepare(backend, doc_ids[0] if len(doc_ids) == 1 else None, tokens[:n_prefix], stop_now)
+    prefix_s = time.perf_counter() - t_prefix
+    first_token_s = None
+    if kv_cache is not None:
+        for piece in stream_text(backend, backend.generate(tokens, params, stop_now), params.stop):
+            if first_token_s is None:
+                first_token_s = time.perf_counter() - t_start
+            pieces.append(piece)
+            if on_text:
+                on_text(piece)
     text = "".join(pieces).strip()
     stats = backend.stats
     timings = stats.as_dict()
+    timings["kv_cache"] = kv_cache or "miss"
+    timings["prefix_s"] = round(prefix_s, 4)
+    timings["first_token_s"] = round(first_token_s if first_token_s is not None else 0.0, 4)
     timings["total_s"] = round(time.perf_counter() - t_start, 3)
     citations = cite(store, text, question, plan) if text else []
     result = Answer(question, text, citations, timings, plan, backend.name, model_name, list(doc_ids), cancelled)
+    if hasattr(backend, "attended_blocks"):
+        result.extra["attended"] = attended_passages(backend, plan, prefix_text, n_prefix)
     if save and text:
         result.answer_id = store.add_answer(list(doc_ids), question, text, citations, model_name,
                                             backend.name, timings)

@@ -51,7 +51,13 @@ _open_lock = threading.Lock()
 _cache: dict[tuple, object] = {}
 
 
-def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, numa: str = "distribute"):
+# llama.cpp's KV types for our KV settings (ggml_type ids: f16 1, q8_0 8, q4_0 2); quantized
+# V needs its flash-attention path.
+_LLAMACPP_KV = {"f16": (1, 1), "k8v8": (8, 8), "k8v4": (8, 2), "k4v4": (2, 2)}
+
+
+def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, numa: str = "distribute",
+                 kv: str = "f16", attention: str = "dense"):
     """A loaded backend; one instance per (engine, model, context, threads) in a
     process, because loading costs seconds and the GUI asks many questions.
 
@@ -62,7 +68,9 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
     chosen = choose_engine(engine, model_path)
     plan = thread_plan(threads, numa)
     threads = plan.count
-    key = (chosen, str(model_path), n_ctx, threads, numa)
+    if kv not in _LLAMACPP_KV:
+        raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(_LLAMACPP_KV)}")
+    key = (chosen, str(model_path), n_ctx, threads, numa) + ((kv, attention) if chosen == "ellm" else (kv,))
     with _open_lock:
         if key in _cache:
             return _cache[key]
@@ -74,14 +82,18 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
             from app.engine.threads import llamacpp_kwargs
 
             # llama.cpp runs its own threads: the plan maps onto n_threads and its numa option.
-            backend = LlamaCppBackend(str(model_path), n_ctx=n_ctx, **llamacpp_kwargs(plan))
+            # Its attention is always dense; the KV setting maps onto its cache types.
+            type_k, type_v = _LLAMACPP_KV[kv]
+            backend = LlamaCppBackend(str(model_path), n_ctx=n_ctx, type_k=type_k, type_v=type_v,
+                                      flash_attn=kv != "f16", **llamacpp_kwargs(plan))
         else:
             if not ellm_available():
                 raise EngineUnavailable(
                     "the eLLM engine is not available in this build yet; use --engine llamacpp")
             from app.engine.ellm_backend import EllmBackend
 
-            backend = EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, numa=numa)
+            backend = EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, numa=numa, kv=kv,
+                                  attention=attention)
         _cache.clear()  # keep one model in memory at a time
         _cache[key] = backend
         return backend

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 ENGINES = ("auto", "ellm", "llamacpp")
+KV_SETTINGS = ("f16", "k8v8", "k8v4", "k4v4")  # as app.engine.kvformat.KV_NAMES
+ATTENTION = ("dense", "sparse")
 NUMA_POLICIES = ("distribute", "isolate", "none")  # as app.engine.threads.NUMA_POLICIES
 
 
@@ -63,7 +65,8 @@ class Settings:
     seed: int = 0
     threads: int = 0  # 0 = one per physical core
     numa: str = "distribute"  # NUMA policy: distribute | isolate | none
-    kv: str = "f16"  # KV cache precision (f16 until the quantized cache lands)
+    kv: str = "f16"  # KV cache precision: f16 | k8v8 | k8v4 | k4v4 (README, "KV cache")
+    attention: str = "dense"  # dense | sparse (README, "Sparse attention")
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -72,6 +75,10 @@ class Settings:
             raise ValueError(f"context length must be at least 256 tokens, not {self.n_ctx}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
+        if self.kv not in KV_SETTINGS:
+            raise ValueError(f"KV setting must be one of {', '.join(KV_SETTINGS)}, not {self.kv!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {self.attention!r}")
         if self.numa not in NUMA_POLICIES:
             raise ValueError(f"NUMA policy must be one of {', '.join(NUMA_POLICIES)}, not {self.numa!r}")
 

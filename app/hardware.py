@@ -116,7 +116,7 @@ def format_report(report: dict) -> str:
 
 
 def _kv_section(topo: Topology, model_path, kv: str, doc_tokens, context: int | None) -> dict:
-    kvcalc.kv_bytes_per_element(kv)      # an unknown setting fails here, with the choices
+    kvcalc.kv_spec(kv)                   # an unknown setting fails here, with the choices
     section = {"setting": kv, "bytes_per_token": None, "max_context": None, "recommended_context": None,
                "wanted_context": kvcalc.wanted_context(doc_tokens), "requested_context": context,
                "model_context_length": None, "model_bytes": None, "free_bytes": topo.mem_available_bytes,

@@ -50,7 +50,7 @@ class Session:
         s = self.settings
         path = self.model_path
         try:
-            return open_backend(s.engine, path, s.n_ctx, s.threads, s.numa)
+            return open_backend(s.engine, path, s.n_ctx, s.threads, s.numa, kv=s.kv, attention=s.attention)
         except (ModelError, EngineUnavailable) as e:
             raise SessionError(str(e)) from e
         except ValueError as e:

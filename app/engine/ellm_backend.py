@@ -5,11 +5,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from .backend import GenerationStats, SamplingParams
+from .blockkv import BlockKVCache
 from .chat import render_chat
-from .generate import PREFILL_CHUNK, generate_tokens, prefill_reusing_prefix
+from .generate import PREFILL_CHUNK, generate_tokens, prefill, prefill_reusing_prefix
+from .kvformat import KVSpec, dense_f16_bytes_per_token
 from .model import Model
 from .sampling import Sampler
+from .sparse import SparseConfig
 from .tokenizer import Tokenizer
 
 
@@ -20,7 +25,11 @@ class EllmBackend:
     name = "ellm"
 
     def __init__(self, model_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True):
+                 prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True,
+                 kv: str = "f16", attention: str | SparseConfig = "dense"):
+        """kv: a KV setting name (app/engine/kvformat.py); attention: "dense", "sparse" or a
+        SparseConfig. f16 + dense keeps llama.cpp's cache and numerics; anything else uses the
+        blocked cache (app/engine/blockkv.py)."""
         self.model_path = str(model_path)
         self.n_threads = n_threads
         self._thread_plan = _plan_threads(n_threads, numa)
@@ -31,7 +40,11 @@ class EllmBackend:
         self.model = Model(self.model_path)
         self.tokenizer = Tokenizer.from_gguf(self.model.reader)
         self.n_ctx = int(n_ctx or self.model.config.context_length)
-        self.cache = self.model.new_cache(self.n_ctx)
+        self.kv_spec = KVSpec.parse(kv)
+        self.attention = attention if isinstance(attention, SparseConfig) else SparseConfig(mode=attention)
+        blocked = self.kv_spec.name != "f16" or self.attention.mode != "dense"
+        self.cache = (self.model.new_cache(self.n_ctx, self.kv_spec, self.attention) if blocked
+                      else self.model.new_cache(self.n_ctx))
         self.prefill_chunk = prefill_chunk
         self.stats = GenerationStats()
         field = self.model.reader.get_field("tokenizer.chat_template")
@@ -82,9 +95,11 @@ class EllmBackend:
         stats.prefill_s = time.perf_counter() - t0
         stats.extra["reused_prompt_tokens"] = reused
         stats.extra["weight_bytes_per_token"] = self.model.weight_bytes
-        stats.extra["kv_bytes_per_token"] = self.model.config.kv_bytes_per_token()
+        stats.extra.update(self.kv_stats())
         if logits is None:  # cancelled during prefill
             return
+        if self.blocked:
+            self.cache.reset_mass()   # attention mass of this answer only
         stop_ids = set() if getattr(params, "ignore_eos", False) else self.eos_tokens()
         tokens = generate_tokens(self.model, self.cache, logits, Sampler(params), list(prompt),
                                  params.max_tokens, stop_ids, cancel)
@@ -100,6 +115,83 @@ class EllmBackend:
             stats.decode_tokens += 1
             yield token
             resumed = time.perf_counter()
+
+    # ---- KV cache: settings, document prefixes, attention mass --------------------------
+
+    @property
+    def blocked(self) -> bool:
+        return isinstance(self.cache, BlockKVCache)
+
+    def kv_stats(self) -> dict:
+        """The KV setting and its cost: bytes stored per token, and bytes a decode step reads
+        from the cache at the current length (all of it when dense, the attended blocks and
+        the block bounds when sparse)."""
+        c = self.model.config
+        dims = (c.n_layers, c.n_kv_heads, c.head_dim, c.head_dim)
+        stored = (dense_f16_bytes_per_token(*dims) if not self.blocked
+                  else self.kv_spec.bytes_per_token(*dims))
+        n = self.cache.n_tokens
+        if self.blocked and self.attention.mode == "sparse":
+            b = self.kv_spec.block
+            attended = min(n, self.attention.budget_tokens(b))
+            bounds = (-(-n // b)) * c.n_layers * c.n_kv_heads * 2 * 2 * c.head_dim
+            read = attended * stored + bounds
+        else:
+            read = n * stored
+        return {"kv": self.kv_spec.name, "attention": self.attention.mode,
+                "kv_bytes_per_token": int(round(stored)), "kv_read_bytes_per_token": int(round(read))}
+
+    def cache_signature(self) -> dict:
+        """What a persisted prefix depends on besides the model and the tokens."""
+        a = self.attention
+        return {"kv": self.kv_spec.name, "block": self.kv_spec.block, "attention": a.mode,
+                "sinks": a.sinks, "window": a.window, "top_k": a.top_k, "dense_layers": a.dense_layers,
+                "prefill_chunk": self.prefill_chunk}
+
+    def ensure_prefix(self, tokens: Sequence[int], load: Callable[[BlockKVCache], bool] | None = None,
+                      save: Callable[[BlockKVCache], None] | None = None,
+                      cancel: Callable[[], bool] | None = None) -> str | None:
+        """Make the cache hold exactly ``tokens`` (a document prefix) and checkpoint there, so
+        that every question after it prefills only itself. Returns "hit" when the prefix was
+        already in memory or ``load`` restored it (a persisted cache), "miss" when it was
+        computed (then ``save`` persists it), None if cancelled. The dense f16 cache keeps
+        prefixes in memory only."""
+        tokens = [int(t) for t in tokens]
+        _apply_threads(self._thread_plan)
+        cache = self.cache
+        if cache.n_tokens >= len(tokens) and cache.common_prefix(tokens) == len(tokens):
+            cache.truncate(len(tokens))
+            if self.blocked:
+                cache.set_checkpoint()
+            return "hit"
+        if self.blocked and load is not None:
+            cache.clear()
+            if load(cache):
+                return "hit"
+        cache.clear()
+        if prefill(self.model, cache, tokens, self.prefill_chunk, cancel) is None:
+            cache.clear()
+            return None
+        if self.blocked:
+            cache.set_checkpoint()
+            if save is not None:
+                save(cache)
+        return "miss"
+
+    def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
+        """The blocks that received the most attention mass during the last generation:
+        (first token, end token, share of the mass), largest first. Empty for the dense
+        f16 cache."""
+        if not self.blocked:
+            return []
+        mass = self.cache.block_mass
+        total = float(mass.sum())
+        if total <= 0:
+            return []
+        b = self.kv_spec.block
+        order = np.argsort(-mass)[:limit]
+        return [(int(i) * b, min(int(i + 1) * b, self.cache.n_tokens), float(mass[i] / total))
+                for i in order if mass[i] > 0]
 
     def reset(self) -> None:
         """Forget the cached prompt (the next generate prefills everything)."""

@@ -2,9 +2,8 @@
 
 Bytes per token (DESIGN.md, "KV cache"):
     layers x kv_heads x (key_length x bytes_k + value_length x bytes_v)
-which is ``2 x layers x kv_heads x head_dim x bytes_per_element`` when K and V agree.
-Quantized K or V store int8 (1 byte) or int4 (half a byte) per element plus an f16 scale per
-group of 32 elements: + 2/32 byte per element.
+which is ``2 x layers x kv_heads x head_dim x bytes_per_element`` for llama.cpp's f16 cache.
+The quantized settings add their scales and bounds as app/engine/kvformat.py lays them out.
 """
 from __future__ import annotations
 
@@ -15,17 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GROUP = 32                      # elements per quantization group
-SCALE_BYTES = 2                 # one f16 scale per group
-_SCALE_OVERHEAD = SCALE_BYTES / GROUP
+from .kvformat import KV_NAMES, KVSpec, dense_f16_bytes_per_token
 
-# Bytes per element of K and of V, per KV setting name.
-KV_SETTINGS: dict[str, tuple[float, float]] = {
-    "f16": (2.0, 2.0),
-    "k8v8": (1.0 + _SCALE_OVERHEAD, 1.0 + _SCALE_OVERHEAD),
-    "k8v4": (1.0 + _SCALE_OVERHEAD, 0.5 + _SCALE_OVERHEAD),
-    "k4v4": (0.5 + _SCALE_OVERHEAD, 0.5 + _SCALE_OVERHEAD),
-}
+KV_SETTINGS = KV_NAMES          # the setting names, smallest error first
 
 MIN_CONTEXT = 1024
 CONTEXT_MULTIPLE = 256
@@ -141,18 +132,18 @@ def _shape_from_gguf(path: str, size: int, mtime_ns: int) -> KVShape:
     )
 
 
-def kv_bytes_per_element(kv: str) -> tuple[float, float]:
-    try:
-        return KV_SETTINGS[kv]
-    except KeyError:
-        raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(KV_SETTINGS)}") from None
+def kv_spec(kv: str) -> KVSpec:
+    """The format of a KV setting; an unknown name fails with the choices."""
+    return KVSpec.parse(kv)
 
 
 def kv_bytes_per_token(shape: KVShape, kv: str = "f16") -> int:
     """Bytes the KV cache holds per token, all layers, K and V, scales included."""
-    bytes_k, bytes_v = kv_bytes_per_element(kv)
-    per_layer_head = shape.key_length * bytes_k + shape.value_length * bytes_v
-    return math.ceil(shape.n_layers * shape.n_kv_heads * per_layer_head)
+    spec = kv_spec(kv)
+    dims = (shape.n_layers, shape.n_kv_heads, shape.key_length, shape.value_length)
+    if spec.name == "f16":
+        return dense_f16_bytes_per_token(*dims)
+    return math.ceil(spec.bytes_per_token(*dims))
 
 
 def safety_margin(free_bytes: int) -> int:

@@ -28,8 +28,12 @@ from numba import njit
 
 from .attention import _fma, _load8_2d, _mul8, _silu8, _store8_2d, attend
 from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, _engine_hint
+from .blockkv import BlockKVCache
 from .kvcache import KVCache
+from .kvformat import KVSpec
 from .quants import QMatrix
+from .sparse import SparseConfig
+from .sparse_attend import attend_blocks
 
 _NO_BIAS = np.zeros(0, dtype=np.float32)  # (0,) float32: "no bias" / "none" for the kernels
 
@@ -137,6 +141,22 @@ def _qkv_bias_rope(q, k, v, bq, bk, bv, cos, sin, neox):
     _add_bias(k, bk)
     _add_bias(v, bv)
     _rope_heads(q.reshape(n_tok, q.shape[1] // head_dim, head_dim), cos, sin, neox)
+    _rope_heads(k.reshape(n_tok, k.shape[1] // head_dim, head_dim), cos, sin, neox)
+
+
+@njit(cache=True, nogil=True)
+def _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox):
+    """The blocked cache's variant: biases as above, then only k is rotated, by the angles
+    given (each key's offset inside its block); q stays unrotated for the attention kernel
+    to place (app/engine/blockkv.py).
+
+    q  # (T, H*HD)   k, v  # (T, KVH*HD)   cos, sin  # (T, HD/2) float32
+    """
+    n_tok = q.shape[0]
+    head_dim = 2 * cos.shape[1]
+    _add_bias(q, bq)
+    _add_bias(k, bk)
+    _add_bias(v, bv)
     _rope_heads(k.reshape(n_tok, k.shape[1] // head_dim, head_dim), cos, sin, neox)
 
 
@@ -291,12 +311,19 @@ class Model:
                         for w in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down))
         return per_layer + self.output.nbytes
 
-    def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache(self.config, n_ctx)
+    def new_cache(self, n_ctx: int, kv: KVSpec | None = None,
+                  attention: SparseConfig | None = None) -> KVCache | BlockKVCache:
+        """The dense f16 cache (llama.cpp's numerics) when neither a quantized format nor
+        sparse attention is asked for; otherwise the blocked cache."""
+        if kv is None and attention is None:
+            return KVCache(self.config, n_ctx)
+        cache = BlockKVCache(self.config, n_ctx, kv or KVSpec())
+        cache.attention = attention or SparseConfig(mode="dense")
+        return cache
 
     # ---- Forward pass ----------------------------------------------------------------
 
-    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], cache: KVCache | BlockKVCache, all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` at positions cache.n_tokens.. and append them to the cache.
 
         Returns the logits of the last token (V,) float32, or of every token (T, V)
@@ -333,17 +360,26 @@ class Model:
         else:
             _add_rms_norm_rows(x, pending, w, self.eps, out)
 
-    def _attention_block(self, il, lw: LayerWeights, h, cache: KVCache, pos0, cos, sin) -> np.ndarray:
+    def _attention_block(self, il, lw: LayerWeights, h, cache, pos0, cos, sin) -> np.ndarray:
         """Wo · attention(rope(Wq h + bq), rope(Wk h + bk), Wv h + bv) (+ bo) -> (T, D) float32."""
         c = self.config
         n_tok = h.shape[0]
         q = _linear(lw.wq, h)   # (T, H*HD) float32
         k = _linear(lw.wk, h)   # (T, KVH*HD) float32
         v = _linear(lw.wv, h)   # (T, KVH*HD) float32
-        _qkv_bias_rope(q, k, v, lw.bq, lw.bk, lw.bv, cos, sin, self.neox)
-        cache.update(il, pos0, k, v)
-        q = q.reshape(n_tok, c.n_heads, c.head_dim)                     # (T, H, HD) float32
-        att = attend(q, cache, il, pos0)                                # (T, H, HD) float32
+        if isinstance(cache, BlockKVCache):
+            in_block = (pos0 + np.arange(n_tok)) % cache.block               # (T,) offsets in block
+            table_cos, table_sin = self.rope.rows(0, cache.block)
+            _qkv_bias_rope_keys(q, k, v, lw.bq, lw.bk, lw.bv, np.ascontiguousarray(table_cos[in_block]),
+                                np.ascontiguousarray(table_sin[in_block]), self.neox)
+            cache.update(il, pos0, k, v)
+            q = q.reshape(n_tok, c.n_heads, c.head_dim)                 # (T, H, HD) float32, unrotated
+            att = attend_blocks(q, cache, il, pos0, cache.attention, self.rope, self.neox)
+        else:
+            _qkv_bias_rope(q, k, v, lw.bq, lw.bk, lw.bv, cos, sin, self.neox)
+            cache.update(il, pos0, k, v)
+            q = q.reshape(n_tok, c.n_heads, c.head_dim)                 # (T, H, HD) float32
+            att = attend(q, cache, il, pos0)                            # (T, H, HD) float32
         o = _linear(lw.wo, att.reshape(n_tok, c.q_dim))                 # (T, D) float32
         if lw.bo.shape[0]:
             o += lw.bo

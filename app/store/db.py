@@ -261,6 +261,42 @@ class Store:
     def folders(self) -> list[str]:
         return [r["path"] for r in self.query("SELECT path FROM folders ORDER BY added_at, path")]
 
+    # ---- KV cache registry --------------------------------------------------------
+
+    def kv_cache(self, doc_id: int, cache_key: str) -> dict | None:
+        rows = self.query("SELECT * FROM kv_caches WHERE doc_id = ? AND cache_key = ?", [doc_id, cache_key])
+        return rows[0] if rows else None
+
+    def kv_caches(self, doc_id: int | None = None) -> list[dict]:
+        if doc_id is None:
+            return self.query("SELECT * FROM kv_caches ORDER BY doc_id, created_at")
+        return self.query("SELECT * FROM kv_caches WHERE doc_id = ? ORDER BY created_at", [doc_id])
+
+    def add_kv_cache(self, doc_id: int, cache_key: str, path: str, model: str, kv: str, tokens: int,
+                     nbytes: int) -> list[str]:
+        """Register a cache file for ``doc_id``; older files of the same document and model
+        are dropped from the registry and their paths returned (the caller deletes them)."""
+        stamp = now()
+        with self.transaction():
+            old = self.query("SELECT path FROM kv_caches WHERE doc_id = ? AND model = ? AND kv = ? "
+                             "AND cache_key != ?", [doc_id, model, kv, cache_key])
+            self.conn.execute("DELETE FROM kv_caches WHERE doc_id = ? AND model = ? AND kv = ? AND cache_key != ?",
+                              [doc_id, model, kv, cache_key])
+            self.conn.execute(
+                "INSERT OR REPLACE INTO kv_caches (doc_id, cache_key, path, model, kv, tokens, bytes, created_at, "
+                "used_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [doc_id, cache_key, path, model, kv, tokens, nbytes, stamp, stamp])
+        return [r["path"] for r in old]
+
+    def touch_kv_cache(self, doc_id: int, cache_key: str) -> None:
+        with self.transaction():
+            self.conn.execute("UPDATE kv_caches SET used_at = ? WHERE doc_id = ? AND cache_key = ?",
+                              [now(), doc_id, cache_key])
+
+    def remove_kv_cache(self, doc_id: int, cache_key: str) -> None:
+        with self.transaction():
+            self.conn.execute("DELETE FROM kv_caches WHERE doc_id = ? AND cache_key = ?", [doc_id, cache_key])
+
     def settings(self) -> dict:
         return {r["key"]: json.loads(r["value"]) for r in self.query("SELECT key, value FROM settings")}
 

@@ -133,11 +133,33 @@ def _v3_history_and_folders(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v4_kv_caches(conn: sqlite3.Connection) -> None:
+    """Registry of persisted KV caches: one file per (document, cache key); the key covers the
+    model, the KV settings and the exact prefix tokens, so any change means another key."""
+    _script(conn,
+        """
+        CREATE TABLE kv_caches (
+            doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+            cache_key TEXT NOT NULL,
+            path TEXT NOT NULL,
+            model TEXT NOT NULL,
+            kv TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            bytes INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            used_at TEXT NOT NULL,
+            PRIMARY KEY (doc_id, cache_key)
+        );
+        """
+    )
+
+
 # Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_documents,
     _v2_answers,
     _v3_history_and_folders,
+    _v4_kv_caches,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,95 @@
+"""Attention-grounded citations: the passages the model attended to while it answered.
+
+The engine sums, per KV block, the attention mass every layer and head gave it during the
+answer (app/engine/sparse_attend.py). Here those blocks, spans of prompt tokens, are mapped
+through byte offsets to the pages of the prompt (ask.py lays pages out with ``[Page N]``
+markers) and to the text they hold. Blocks outside the documents (system prompt, question,
+the answer itself) are left out; the weights are shares of the mass the documents received.
+"""
+from __future__ import annotations
+
+from app.prompting import ContextPlan
+
+MAX_ATTENDED = 5
+PASSAGE_CHARS = 300
+_BLOCKS_CONSIDERED = 64
+
+
+def _page_spans(prefix: bytes, plan: ContextPlan) -> list[tuple[int, int, int, int]]:
+    """(start, end, doc_id, page) byte spans of each page's text inside the prompt prefix,
+    found by walking the page markers in the order format_pages wrote them."""
+    spans, at = [], 0
+    for p in plan.pages:
+        marker = f"[Page {p.number}]\n".encode()
+        i = prefix.find(marker, at)
+        if i < 0:
+            continue
+        start = i + len(marker)
+        spans.append([start, len(prefix), p.doc_id, p.number])
+        if len(spans) > 1:
+            spans[-2][1] = min(spans[-2][1], i)
+        at = start
+    return [tuple(s) for s in spans]
+
+
+def token_offsets(backend, tokens: list[int], text: bytes) -> list[int]:
+    """Byte offset in ``text`` where each token starts (len(tokens) + 1 entries). Tokens
+    the text does not spell (a BOS added in front) map to offset 0."""
+    ends, total = [0], 0
+    for t in tokens:
+        total += len(backend.token_bytes(t))
+        ends.append(total)
+    shift = max(0, total - len(text))
+    return [max(0, e - shift) for e in ends]
+
+
+def attended_passages(backend, plan: ContextPlan, prefix_text: str, n_prefix: int) -> list[dict]:
+    """[{"doc", "page", "text", "weight"}] of the pages the answer attended to most."""
+    blocks = backend.attended_blocks(_BLOCKS_CONSIDERED)
+    if not blocks or not plan.pages:
+        return []
+    prefix = prefix_text.encode("utf-8")
+    spans = _page_spans(prefix, plan)
+    if not spans:
+        return []
+    tokens = list(backend.cache.tokens[:n_prefix])
+    offsets = token_offsets(backend, tokens, prefix)
+    by_page: dict[tuple[int, int], dict] = {}
+    total = 0.0
+    for first, end, weight in blocks:
+        if first >= n_prefix:
+            continue
+        lo, hi = offsets[first], offsets[min(end, n_prefix)]
+        best, overlap = None, 0
+        for s, e, doc_id, page in spans:
+            o = min(hi, e) - max(lo, s)
+            if o > overlap:
+                best, overlap = (s, e, doc_id, page), o
+        if best is None:
+            continue
+        s, e, doc_id, page = best
+        total += weight
+        entry = by_page.setdefault((doc_id, page), {"doc": doc_id, "page": page, "weight": 0.0,
+                                                    "_best": -1.0, "text": ""})
+        entry["weight"] += weight
+        if weight > entry["_best"]:
+            entry["_best"] = weight
+            entry["text"] = _passage(prefix, max(lo, s), min(hi, e), s, e)
+    out = sorted(by_page.values(), key=lambda x: -x["weight"])[:MAX_ATTENDED]
+    for x in out:
+        x.pop("_best")
+        x["weight"] = round(x["weight"] / total, 4) if total else 0.0
+    return out
+
+
+def _passage(prefix: bytes, lo: int, hi: int, page_start: int, page_end: int) -> str:
+    """The attended bytes widened to about PASSAGE_CHARS within the page, on word edges."""
+    pad = max(0, (PASSAGE_CHARS - (hi - lo)) // 2)
+    a, b = max(page_start, lo - pad), min(page_end, hi + pad)
+    text = prefix[a:b].decode("utf-8", errors="ignore")
+    words = text.split()
+    if a > page_start and len(words) > 2:
+        words = words[1:]
+    if b < page_end and len(words) > 2:
+        words = words[:-1]
+    return " ".join(words)

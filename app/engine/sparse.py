@@ -1,0 +1,221 @@
+"""Sparse retrieval attention over the blocked KV cache (DESIGN.md, "Sparse retrieval attention").
+
+A query attends exactly to the union of: the blocks holding the first S tokens (attention
+sinks, Xiao et al. 2023 "StreamingLLM"), the blocks holding the last W tokens (local window),
+and the top-K other blocks ranked per KV head by an upper bound of the query's score against
+the block's per-channel key bounds (Quest, Tang et al. 2024, section 3.2:
+sum_d max(q_d lo_d, q_d hi_d)); the heads sharing a KV head (GQA) take the largest bound.
+S and W are rounded up to whole blocks. When every block fits the budget, all are attended:
+the result is dense attention over the same cache.
+
+Positions. Keys are stored rotated only by their offset inside their block (blockkv.py), so
+a block is placed at any position P by rotating the query by (p_query - P). While the query
+sits inside the model's trained context, every block keeps its true position. Beyond it, the
+attended blocks are laid out one after another in their original order (sinks first, the
+window and the query last) and numbered from 0: what the model sees is a short document
+inside its trained window, in the spirit of InfLLM (Xiao et al. 2024), which also rotates
+cached keys at attention time, here by whole blocks.
+
+Decode (one query token) runs a fused numba kernel that reads each attended block once for
+all query heads of its KV head, with an online softmax (FlashAttention-style running max);
+prefill chunks gather and dequantize the attended blocks once per chunk and multiply with
+BLAS, so a chunk attends causally to itself and sparsely to the rest: cost linear in length.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+from .blockkv import BlockKVCache, decode_key, decode_value
+from .kvcache import f16_to_f32
+
+MODES = ("dense", "sparse")
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """Sparse attention options; defaults chosen by measurement (README, "Sparse attention")."""
+
+    mode: str = "sparse"      # "dense": every block, true positions
+    sinks: int = 64           # S: first tokens always attended
+    window: int = 256         # W: last tokens always attended
+    top_k: int = 16           # K: retrieved blocks per KV head
+    dense_layers: int = 0     # leading layers attending densely (inside the trained context)
+    reselect: int = 1         # decode: choose blocks every this many tokens
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"attention must be one of {', '.join(MODES)}, not {self.mode!r}")
+        for name in ("sinks", "window", "top_k", "dense_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sparse attention: {name} must be >= 0")
+        if self.reselect < 1:
+            raise ValueError("sparse attention: reselect must be >= 1")
+
+    def budget_tokens(self, block: int) -> int:
+        """Tokens a decode step attends at most (whole blocks)."""
+        return (-(-self.sinks // block) + self.top_k + -(-self.window // block) + 1) * block
+
+
+@dataclass
+class Selection:
+    """Blocks attended by a chunk of queries, per KV head, and where they are placed."""
+
+    blocks: np.ndarray   # (KVH, NS) int64 block ids, ascending
+    place: np.ndarray    # (KVH, NS) int64 start position of each block as the query sees it
+    qpos: np.ndarray     # (T,) int64 position of each query as it sees itself
+    compressed: bool
+    retrieved: tuple[int, int] = (0, 0)   # columns of ``blocks`` chosen by ranking (not sinks/window)
+
+
+# ---- Selection ------------------------------------------------------------------------------
+
+
+def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: SparseConfig,
+           cos: np.ndarray, sin: np.ndarray, neox: bool) -> Selection:
+    """The blocks queries q (T, H, HD) float32 (before RoPE) at positions pos0.. attend.
+
+    cos, sin  # (P, HD/2) float32 rope tables covering every position used
+    """
+    n_tok = q.shape[0]
+    B = cache.block
+    n = pos0 + n_tok                      # tokens in the cache, these queries included
+    n_blocks = -(-n // B)
+    KVH = cache.config.n_kv_heads
+    n_train = cache.config.context_length or n
+    compressed = cfg.mode == "sparse" and n > n_train
+    dense = cfg.mode == "dense" or (layer < cfg.dense_layers and not compressed)
+    first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
+    n_sink = min(-(-cfg.sinks // B), first_local)
+    candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
+    forced = np.concatenate([np.arange(n_sink, dtype=np.int64),
+                             np.arange(first_local, n_blocks, dtype=np.int64)])
+    if dense or candidates.shape[0] <= cfg.top_k:
+        chosen = np.broadcast_to(candidates, (KVH, candidates.shape[0]))
+    else:
+        qref, rel = _reference_queries(q, KVH, pos0, B, candidates, cfg, compressed, cos, sin, neox)
+        scores = np.empty((KVH, candidates.shape[0]), np.float32)  # (KVH, NC) upper bounds
+        a = cache.arrays(layer)
+        _block_bounds(qref, a[1], a[5], cache.nb_base, candidates, rel, cos, sin, neox, scores)
+        top = np.argpartition(-scores, cfg.top_k - 1, axis=1)[:, :cfg.top_k]   # (KVH, K)
+        chosen = np.sort(candidates[top], axis=1)
+    blocks = np.concatenate([np.broadcast_to(forced[:n_sink], (KVH, n_sink)), chosen,
+                             np.broadcast_to(forced[n_sink:], (KVH, forced.shape[0] - n_sink))], axis=1)
+    blocks = np.ascontiguousarray(blocks, dtype=np.int64)          # (KVH, NS)
+    true_pos = pos0 + np.arange(n_tok, dtype=np.int64)              # (T,)
+    if compressed:
+        ns = blocks.shape[1]
+        place = np.broadcast_to(np.arange(ns, dtype=np.int64) * B, (KVH, ns)).copy()
+        # The queries sit in the last blocks, which are the same for every head.
+        idx = np.searchsorted(blocks[0], true_pos // B)
+        qpos = idx * B + true_pos % B
+    else:
+        place = blocks * B
+        qpos = true_pos
+    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + chosen.shape[1]))
+
+
+def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, neox):
+    """The query each KV head ranks blocks with, and its rotation per candidate.
+
+    Prefill chunks rank with the mean of their queries, each first rotated to the chunk's
+    first position (so the mean is taken in one frame). Returns qref (KVH, G, HD) float32
+    and rel (NC,) int64: the position offset each candidate is scored at (its true distance,
+    or beyond the trained context a nominal one: the middle of the retrieved span).
+    """
+    n_tok, n_heads, head_dim = q.shape
+    if n_tok == 1:
+        qm = q[0]
+    else:
+        offs = np.arange(n_tok, dtype=np.int64)
+        qm = rotate(q, cos[offs], sin[offs], neox).mean(axis=0)
+    qref = np.ascontiguousarray(qm.reshape(kvh, n_heads // kvh, head_dim), dtype=np.float32)
+    if compressed:
+        rel = np.full(candidates.shape[0], cfg.window + cfg.top_k * B // 2, np.int64)
+    else:
+        rel = pos0 - candidates * B
+    return qref, rel
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _block_bounds(qref, bkb, okb, nb_base, candidates, rel, cos, sin, neox, out):
+    """out[h, i] = max over the group's heads g of sum_d max(q'_d lo_d, q'_d hi_d), with
+    q' = qref[h, g] rotated by rel[i] and (lo, hi) the key bounds of block candidates[i].
+
+    qref  # (KVH, G, HD) float32;  bkb, okb  # (KVH, NB, 2, HD) uint16;  out  # (KVH, NC) float32
+    rel   # (NC,) int64 offsets (the rotated queries are reused while the offset repeats)
+    """
+    n_kv_heads, group, head_dim = qref.shape
+    qr = np.empty((group, head_dim), np.float32)   # (G, HD) rotated queries
+    lo = np.empty(head_dim, np.float32)
+    hi = np.empty(head_dim, np.float32)
+    for h in range(n_kv_heads):
+        last = -1
+        for i in range(candidates.shape[0]):
+            b = candidates[i]
+            r = rel[i]
+            if r != last:
+                for g in range(group):
+                    _rotate_vec(qref[h, g], cos[r], sin[r], neox, qr[g])
+                last = r
+            if b < nb_base:
+                for d in range(head_dim):
+                    lo[d] = f16_to_f32(bkb[h, b, 0, d])
+                    hi[d] = f16_to_f32(bkb[h, b, 1, d])
+            else:
+                for d in range(head_dim):
+                    lo[d] = f16_to_f32(okb[h, b, 0, d])
+                    hi[d] = f16_to_f32(okb[h, b, 1, d])
+            best = np.float32(-np.inf)
+            for g in range(group):
+                ub = np.float32(0.0)
+                for d in range(head_dim):
+                    ub += max(qr[g, d] * lo[d], qr[g, d] * hi[d])
+                best = max(best, ub)
+            out[h, i] = best
+
+
+# ---- Rotation helpers -------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def _rotate_vec(x, cos_row, sin_row, neox, out):
+    """out = RoPE rotation of x (HD,) by the angles of one position (ggml rotate_pairs);
+    dims past 2 x len(cos_row) pass through (partial rotary)."""
+    half = cos_row.shape[0]
+    head_dim = x.shape[0]
+    for i in range(half):
+        if neox:
+            i0 = i
+            i1 = i + half
+        else:
+            i0 = 2 * i
+            i1 = 2 * i + 1
+        c = cos_row[i]
+        s = sin_row[i]
+        x0 = x[i0]
+        x1 = x[i1]
+        out[i0] = x0 * c - x1 * s
+        out[i1] = x0 * s + x1 * c
+    for d in range(2 * half, head_dim):
+        out[d] = x[d]
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
+    """x (N, n_heads, HD) float32 rotated row n by cos[n], sin[n] (N, R/2) -> new array."""
+    half = cos.shape[1]
+    out = x.copy()
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    if neox:
+        x0, x1 = x[..., :half], x[..., half:2 * half]
+        out[..., :half] = x0 * c - x1 * s
+        out[..., half:2 * half] = x0 * s + x1 * c
+    else:
+        x0, x1 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+        out[..., 0:2 * half:2] = x0 * c - x1 * s
+        out[..., 1:2 * half:2] = x0 * s + x1 * c
+    return out
