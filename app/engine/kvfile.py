@@ -143,8 +143,8 @@ def read_header(path: str | os.PathLike) -> dict:
 
 
 def load(cache: BlockKVCache, path: str | os.PathLike, meta: dict) -> None:
-    """Replace ``cache``'s contents with the file's; its blocks stay memory-mapped (read-only,
-    never copied). Raises KVFileError if the file is not exactly what ``meta`` and the cache's
+    """Replace ``cache``'s contents with the file's; its blocks stay memory-mapped (never
+    written, never copied). Raises KVFileError if the file is not exactly what ``meta`` and the cache's
     shape describe, is truncated, or fails its checksum."""
     path = Path(path)
     h = read_header(path)
@@ -175,7 +175,10 @@ def load(cache: BlockKVCache, path: str | os.PathLike, meta: dict) -> None:
         offset, shape, dtype = h["arrays"][name]
         if int(np.prod(shape)) == 0:
             return np.zeros(shape, dtype)
-        return np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=_DATA_START_ALIGN + offset,
+        # Copy-on-write ("c") rather than read-only: nothing ever writes to these pages, but
+        # numba then sees the same array type as the cache's own blocks, so one compiled
+        # kernel (same vectorisation, same rounding) serves both.
+        return np.memmap(path, dtype=np.dtype(dtype), mode="c", offset=_DATA_START_ALIGN + offset,
                          shape=tuple(shape))
 
     tokens = np.array(mapped("tokens"), dtype=np.int64)
