@@ -271,7 +271,27 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
 # ---- Prefill ---------------------------------------------------------------------------------
 
 
+_blas = None
+
+
+def _one_blas_thread():
+    """BLAS limited to one thread around our products: numba's pool does the parallel work,
+    and OpenBLAS's idle threads spin for a while after each call, starving numba's threads
+    on the same cores (measured: the weight kernels ran 3x slower after a 2-thread sgemm)."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    return _blas.limit(limits=1, user_api="blas")
+
+
 def _prefill(q, a, cache: BlockKVCache, pos0, sel: Selection, cos, sin, neox, scale):
+    with _one_blas_thread():
+        return _prefill_products(q, a, cache, pos0, sel, cos, sin, neox, scale)
+
+
+def _prefill_products(q, a, cache: BlockKVCache, pos0, sel: Selection, cos, sin, neox, scale):
     n_tok, n_heads, head_dim = q.shape
     kvh, ns = sel.blocks.shape
     group = n_heads // kvh
