@@ -63,23 +63,55 @@ def build_messages(question: str, context_text: str) -> list[dict]:
 
 
 QUESTION_LEAD = "\n\nQuestion: "
+_DOCS = "\u27e6documents\u27e7"
 _SLOT = "\u27e6question\u27e7"
 
 
-def prompt_parts(backend, question: str, context_text: str) -> tuple[str, str]:
-    """The rendered prompt split into the question-independent prefix (system prompt and
-    documents: its KV cache is computed once, app/doccache.py) and the rest."""
-    rendered = backend.apply_chat_template(build_messages(_SLOT, context_text))
-    cut = rendered.index(QUESTION_LEAD + _SLOT)
-    return rendered[:cut], rendered[cut:].replace(_SLOT, question)
+@dataclass
+class Prompt:
+    """A question's prompt in three parts. ``header`` (system prompt and the opening of the
+    user turn) and ``doc`` (the pages) do not depend on the question: their KV cache is
+    computed once per document (app/doccache.py). Both are padded with blank lines to whole
+    KV blocks, so that several documents' caches can sit side by side (app/folder_ask.py)."""
+
+    header: list[int]
+    doc: list[int]
+    suffix: list[int]
+    header_text: str
+    doc_text: str
+
+    @property
+    def prefix(self) -> list[int]:
+        return self.header + self.doc
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.header + self.doc + self.suffix
+
+    @property
+    def prefix_text(self) -> str:
+        return self.header_text + self.doc_text
 
 
-def prompt_tokens(backend, question: str, context_text: str) -> tuple[list[int], int, str]:
-    """(prompt tokens, length of the prefix among them, prefix text). The two parts are
-    tokenized apart so that the prefix's tokens never depend on the question."""
-    prefix_text, rest = prompt_parts(backend, question, context_text)
-    prefix = backend.tokenize(prefix_text, add_bos=True, special=True)
-    return prefix + backend.tokenize(rest, add_bos=False, special=True), len(prefix), prefix_text
+def _padded(backend, tokens: list[int], text: str) -> tuple[list[int], str]:
+    multiple = getattr(backend, "prefix_multiple", 1)
+    if len(tokens) % multiple == 0:
+        return tokens, text
+    newline = backend.tokenize("\n", add_bos=False, special=False)[-1:]
+    n_pad = multiple - len(tokens) % multiple
+    return tokens + newline * n_pad, text + backend.token_bytes(newline[0]).decode("utf-8", "replace") * n_pad
+
+
+def build_prompt(backend, question: str, context_text: str) -> Prompt:
+    """The prompt of ``question`` about ``context_text`` (pages with markers). The pages are
+    tokenized without special tokens: a document cannot smuggle in chat markup."""
+    rendered = backend.apply_chat_template(build_messages(_SLOT, _DOCS))
+    cut = rendered.index(_DOCS)
+    header_text, rest = rendered[:cut], rendered[cut + len(_DOCS):]
+    header, header_text = _padded(backend, backend.tokenize(header_text, add_bos=True, special=True), header_text)
+    doc, doc_text = _padded(backend, backend.tokenize(context_text, add_bos=False, special=False), context_text)
+    suffix = backend.tokenize(rest.replace(_SLOT, question), add_bos=False, special=True)
+    return Prompt(header, doc, suffix, header_text, doc_text)
 
 
 def ask(store: Store, backend, question: str, doc_ids: list[int], params: SamplingParams,
@@ -101,12 +133,13 @@ def ask(store: Store, backend, question: str, doc_ids: list[int], params: Sampli
         raise AskError(f"the context of {backend.n_ctx} tokens leaves no room for the document after the "
                        f"question and {params.max_tokens} answer tokens; raise the context length or lower max tokens")
     plan = plan_context(store, pages, budget, question)
-    tokens, n_prefix, prefix_text = prompt_tokens(backend, question, format_pages(plan.pages))
-    if len(tokens) + params.max_tokens > backend.n_ctx:  # page estimates were low: drop pages until it fits
-        while plan.pages and len(tokens) + params.max_tokens > backend.n_ctx:
+    prompt = build_prompt(backend, question, format_pages(plan.pages))
+    if len(prompt.tokens) + params.max_tokens > backend.n_ctx:  # page estimates were low: drop pages until it fits
+        while plan.pages and len(prompt.tokens) + params.max_tokens > backend.n_ctx:
             plan.pages.pop()
-            tokens, n_prefix, prefix_text = prompt_tokens(backend, question, format_pages(plan.pages))
+            prompt = build_prompt(backend, question, format_pages(plan.pages))
         plan.used_tokens = sum(p.tokens for p in plan.pages)
+    tokens, n_prefix = prompt.tokens, len(prompt.prefix)
 
     pieces: list[str] = []
     cancelled = False
@@ -139,7 +172,7 @@ def ask(store: Store, backend, question: str, doc_ids: list[int], params: Sampli
     citations = cite(store, text, question, plan) if text else []
     result = Answer(question, text, citations, timings, plan, backend.name, model_name, list(doc_ids), cancelled)
     if hasattr(backend, "attended_blocks"):
-        result.extra["attended"] = attended_passages(backend, plan, prefix_text, n_prefix)
+        result.extra["attended"] = attended_passages(backend, plan, prompt.prefix_text, n_prefix)
     if save and text:
         result.answer_id = store.add_answer(list(doc_ids), question, text, citations, model_name,
                                             backend.name, timings)

@@ -45,21 +45,30 @@ def token_offsets(backend, tokens: list[int], text: bytes) -> list[int]:
 
 def attended_passages(backend, plan: ContextPlan, prefix_text: str, n_prefix: int) -> list[dict]:
     """[{"doc", "page", "text", "weight"}] of the pages the answer attended to most."""
+    return attended_across(backend, [(0, n_prefix, prefix_text, plan)])
+
+
+def attended_across(backend, segments: list[tuple[int, int, str, ContextPlan]]) -> list[dict]:
+    """attended_passages over several document prefixes side by side in one cache:
+    segments = (first token, token count, prefix text, plan) of each."""
     blocks = backend.attended_blocks(_BLOCKS_CONSIDERED)
-    if not blocks or not plan.pages:
+    if not blocks:
         return []
-    prefix = prefix_text.encode("utf-8")
-    spans = _page_spans(prefix, plan)
-    if not spans:
-        return []
-    tokens = list(backend.cache.tokens[:n_prefix])
-    offsets = token_offsets(backend, tokens, prefix)
+    mapped = []   # (token start, token end, byte offsets, prefix bytes, page spans)
+    for start, count, text, plan in segments:
+        prefix = text.encode("utf-8")
+        spans = _page_spans(prefix, plan)
+        if spans:
+            tokens = list(backend.cache.tokens[start:start + count])
+            mapped.append((start, start + count, token_offsets(backend, tokens, prefix), prefix, spans))
     by_page: dict[tuple[int, int], dict] = {}
     total = 0.0
     for first, end, weight in blocks:
-        if first >= n_prefix:
+        seg = next((m for m in mapped if m[0] <= first < m[1]), None)
+        if seg is None:
             continue
-        lo, hi = offsets[first], offsets[min(end, n_prefix)]
+        s0, s1, offsets, prefix, spans = seg
+        lo, hi = offsets[first - s0], offsets[min(end, s1) - s0]
         best, overlap = None, 0
         for s, e, doc_id, page in spans:
             o = min(hi, e) - max(lo, s)

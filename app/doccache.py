@@ -74,11 +74,7 @@ class DocCaches:
             return backend.ensure_prefix(tokens, cancel=cancel)
         from app.engine.kvfile import KVFileError, load, save
 
-        model_fp = model_fingerprint(backend.model_path)
-        signature = backend.cache_signature()
-        key = cache_key(model_fp, signature, tokens)
-        meta = {"key": key, "model": model_fp, **signature}
-        path = self.dir / f"doc{doc_id}-{key[:16]}.kv"
+        path, meta, key, model_fp, signature = self.locate(backend, doc_id, tokens)
         row = self.store.kv_cache(doc_id, key)
 
         def load_file(cache) -> bool:
@@ -110,6 +106,25 @@ class DocCaches:
                     Path(old).unlink(missing_ok=True)
 
         return backend.ensure_prefix(tokens, load_file, save_file, cancel)
+
+    def locate(self, backend, doc_id: int, tokens: Sequence[int]) -> tuple[Path, dict, str, str, dict]:
+        """(file path, header meta, key, model fingerprint, settings) of a prefix's cache."""
+        model_fp = model_fingerprint(backend.model_path)
+        signature = backend.cache_signature()
+        key = cache_key(model_fp, signature, tokens)
+        meta = {"key": key, "model": model_fp, **signature}
+        return self.dir / f"doc{doc_id}-{key[:16]}.kv", meta, key, model_fp, signature
+
+    def registered(self, backend, doc_id: int, tokens: Sequence[int]) -> tuple[Path, dict] | None:
+        """The file and meta of a registered, existing cache of this prefix, or None."""
+        path, meta, key, _, _ = self.locate(backend, doc_id, tokens)
+        if self.store.kv_cache(doc_id, key) is None or not path.exists():
+            return None
+        return path, meta
+
+    def forget(self, backend, doc_id: int, tokens: Sequence[int]) -> None:
+        path, _, key, _, _ = self.locate(backend, doc_id, tokens)
+        self._forget(doc_id, key, path)
 
     def _forget(self, doc_id: int, key: str, path: Path) -> None:
         self.store.remove_kv_cache(doc_id, key)

@@ -145,6 +145,24 @@ class BlockKVCache:
         self.base = {k: np.zeros((L, KVH, 0) + a.shape[3:], a.dtype) for k, a in self.own.items()}
         self.checkpoint = None
 
+    def reserve(self, n_ctx: int) -> None:
+        """Grow the capacity to ``n_ctx`` tokens (the filled blocks are kept)."""
+        if n_ctx <= self.n_ctx:
+            return
+        c = self.config
+        cap = -(-n_ctx // self.block)
+        n_full = self.n_tokens // self.block
+        shapes = code_shapes(self.spec, cap, c.n_layers, c.n_kv_heads, c.head_dim)
+        own = {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
+        for name, a in self.own.items():
+            own[name][:, :, self.nb_base:n_full] = a[:, :, self.nb_base:n_full]
+        self.own = own
+        mass = np.zeros(cap, np.float64)
+        mass[:self.n_blocks_cap] = self.block_mass
+        self.block_mass = mass
+        self.n_blocks_cap = cap
+        self.n_ctx = n_ctx
+
     def set_checkpoint(self) -> None:
         """Remember this point (e.g. the end of a document prefix) so that a later prompt that
         shares it resumes here exactly, even in the middle of a block."""

@@ -122,6 +122,11 @@ class EllmBackend:
     def blocked(self) -> bool:
         return isinstance(self.cache, BlockKVCache)
 
+    @property
+    def prefix_multiple(self) -> int:
+        """Document prefixes are padded to this many tokens (whole KV blocks)."""
+        return self.kv_spec.block if self.blocked else 1
+
     def kv_stats(self) -> dict:
         """The KV setting and its cost: bytes stored per token, and bytes a decode step reads
         from the cache at the current length (all of it when dense, the attended blocks and
@@ -177,6 +182,12 @@ class EllmBackend:
             if save is not None:
                 save(cache)
         return "miss"
+
+    def reserve(self, n_ctx: int) -> None:
+        """Hold at least ``n_ctx`` tokens (a question over many documents' caches)."""
+        if self.blocked and n_ctx > self.n_ctx:
+            self.cache.reserve(n_ctx)
+            self.n_ctx = n_ctx
 
     def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
         """The blocks that received the most attention mass during the last generation:

@@ -189,3 +189,26 @@ def load(cache: BlockKVCache, path: str | os.PathLike, meta: dict) -> None:
     cache.tail_v[...] = mapped("tail_v")
     cache.tokens = tokens.tolist()
     cache.set_checkpoint()
+
+
+def append(cache: BlockKVCache, path: str | os.PathLike, meta: dict, skip: int = 0) -> int:
+    """Copy a persisted prefix, less its first ``skip`` tokens (whole blocks: a header the
+    cache already holds), after what ``cache`` holds (which must end on a block boundary):
+    several documents' caches side by side in one context. The cache grows as needed.
+    Returns the number of tokens appended. Raises KVFileError as load() does."""
+    path = Path(path)
+    h = read_header(path)
+    n_tokens, B = int(h["n_tokens"]), cache.block
+    if cache.n_tokens % B or n_tokens % B or skip % B:
+        raise KVFileError(f"{path}: only whole blocks can be placed side by side "
+                          f"({cache.n_tokens} + {n_tokens} tokens, block {B})")
+    probe = BlockKVCache(cache.config, max(n_tokens, B), cache.spec)
+    load(probe, path, meta)                       # every check of load(), nothing copied yet
+    start = cache.n_tokens // B
+    first, n_full = skip // B, n_tokens // B
+    cache.reserve(cache.n_tokens + n_tokens - skip + B)
+    for name, src in probe.base.items():
+        cache.own[name][:, :, start:start + n_full - first] = src[:, :, first:n_full]
+    cache.tokens.extend(probe.tokens[skip:])
+    cache.selection.clear()
+    return n_tokens - skip

@@ -90,32 +90,59 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: Spars
     dense = cfg.mode == "dense" or (layer < cfg.dense_layers and not compressed)
     first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
     n_sink = min(-(-cfg.sinks // B), first_local)
-    candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
-    forced = np.concatenate([np.arange(n_sink, dtype=np.int64),
-                             np.arange(first_local, n_blocks, dtype=np.int64)])
-    if dense or candidates.shape[0] <= cfg.top_k:
-        chosen = np.broadcast_to(candidates, (KVH, candidates.shape[0]))
-    else:
+    n_cand = first_local - n_sink
+    ranked = not dense and n_cand > cfg.top_k
+    n_chosen = cfg.top_k if ranked else n_cand
+    scores = _NO_SCORES
+    if ranked:
+        candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
         qref, rel = _reference_queries(q, KVH, pos0, B, candidates, cfg, compressed, cos, sin, neox)
-        scores = np.empty((KVH, candidates.shape[0]), np.float32)  # (KVH, NC) upper bounds
+        scores = np.empty((KVH, n_cand), np.float32)                  # (KVH, NC) upper bounds
         a = cache.arrays(layer)
         _block_bounds(qref, a[1], a[5], cache.nb_base, candidates, rel, cos, sin, neox, scores)
-        top = np.argpartition(-scores, cfg.top_k - 1, axis=1)[:, :cfg.top_k]   # (KVH, K)
-        chosen = np.sort(candidates[top], axis=1)
-    blocks = np.concatenate([np.broadcast_to(forced[:n_sink], (KVH, n_sink)), chosen,
-                             np.broadcast_to(forced[n_sink:], (KVH, forced.shape[0] - n_sink))], axis=1)
-    blocks = np.ascontiguousarray(blocks, dtype=np.int64)          # (KVH, NS)
-    true_pos = pos0 + np.arange(n_tok, dtype=np.int64)              # (T,)
-    if compressed:
-        ns = blocks.shape[1]
-        place = np.broadcast_to(np.arange(ns, dtype=np.int64) * B, (KVH, ns)).copy()
-        # The queries sit in the last blocks, which are the same for every head.
-        idx = np.searchsorted(blocks[0], true_pos // B)
-        qpos = idx * B + true_pos % B
-    else:
-        place = blocks * B
-        qpos = true_pos
-    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + chosen.shape[1]))
+    ns = n_sink + n_chosen + (n_blocks - first_local)
+    blocks = np.empty((KVH, ns), np.int64)                            # (KVH, NS)
+    place = np.empty((KVH, ns), np.int64)                             # (KVH, NS)
+    qpos = np.empty(n_tok, np.int64)                                  # (T,)
+    _assemble(scores, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, B, pos0, blocks, place, qpos)
+    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen))
+
+
+_NO_SCORES = np.zeros((1, 1), np.float32)
+
+
+@njit(cache=True, nogil=True)
+def _assemble(scores, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, B, pos0, blocks, place, qpos):
+    """Fill blocks/place (KVH, NS) and qpos (T,): sinks, the top ``n_chosen`` candidates by
+    score (ascending block order) or all of them, then the local blocks; placed at true
+    positions, or one after another from 0 when ``compressed``."""
+    n_kv_heads, ns = blocks.shape
+    for h in range(n_kv_heads):
+        col = 0
+        for b in range(n_sink):
+            blocks[h, col] = b
+            col += 1
+        if ranked:
+            top = np.argsort(-scores[h])[:n_chosen]
+            top.sort()
+            for i in range(n_chosen):
+                blocks[h, col] = n_sink + top[i]
+                col += 1
+        else:
+            for b in range(n_sink, first_local):
+                blocks[h, col] = b
+                col += 1
+        for b in range(first_local, n_blocks):
+            blocks[h, col] = b
+            col += 1
+        for i in range(ns):
+            place[h, i] = i * B if compressed else blocks[h, i] * B
+    for t in range(qpos.shape[0]):
+        p = pos0 + t
+        if compressed:   # the queries sit in the local blocks, the same for every head
+            qpos[t] = (ns - (n_blocks - p // B)) * B + p % B
+        else:
+            qpos[t] = p
 
 
 def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, neox):

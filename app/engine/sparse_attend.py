@@ -45,16 +45,17 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg
 
 
 def _selection(cache, layer, q, pos0, cfg, cos, sin, neox) -> Selection:
-    """select(), or during decode the previous step's blocks for ``cfg.reselect`` steps (with
-    the new token's block added when it opens one)."""
+    """select(), or during decode the previous step's blocks for up to ``cfg.reselect`` steps
+    while the new token stays in the same (last) block."""
     if q.shape[0] > 1 or cfg.reselect == 1 or cfg.mode == "dense":
         cache.selection.pop(layer, None)
         return select(cache, layer, q, pos0, cfg, cos, sin, neox)
     prev = cache.selection.get(layer)
-    if prev is not None and pos0 - prev[0] < cfg.reselect and not prev[1].compressed \
-            and pos0 // cache.block <= int(prev[1].blocks[0, -1]):
+    if prev is not None and pos0 - prev[0] < cfg.reselect and pos0 // cache.block == int(prev[1].blocks[0, -1]):
         old = prev[1]
-        return Selection(old.blocks, old.place, np.array([pos0], np.int64), False, old.retrieved)
+        ns = old.blocks.shape[1]
+        qpos = (ns - 1) * cache.block + pos0 % cache.block if old.compressed else pos0
+        return Selection(old.blocks, old.place, np.array([qpos], np.int64), old.compressed, old.retrieved)
     sel = select(cache, layer, q, pos0, cfg, cos, sin, neox)
     cache.selection[layer] = (pos0, sel)
     return sel

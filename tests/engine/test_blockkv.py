@@ -1,6 +1,7 @@
 """The blocked, quantized KV cache: formats, sizes, resuming, persistence."""
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import replace
 
@@ -174,8 +175,22 @@ def test_a_cache_made_with_other_settings_is_refused(llama, tmp_path):
 
 
 def _rss() -> int:
+    gc.collect()
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mapped_rss(path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:   # a mapping's first line
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1]) * 1024
+    return total
 
 
 def test_loading_does_not_copy_the_cache_into_memory(tmp_path):
@@ -196,5 +211,6 @@ def test_loading_does_not_copy_the_cache_into_memory(tmp_path):
     before = _rss()
     load(fresh, path, {})
     grown = _rss() - before
-    assert grown < 0.1 * size, f"loading grew the process by {grown} bytes for a {size}-byte file"
+    assert _mapped_rss(path) < 0.05 * size          # the blocks are mapped, not read in
+    assert grown < 0.25 * size, f"loading grew the process by {grown} bytes for a {size}-byte file"
     assert fresh.n_tokens == n and fresh.nb_base == n // spec.block
