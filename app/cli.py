@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from app import __version__
-from app.config import ENGINES, Paths
+from app.config import ATTENTION, ENGINES, KV_SETTINGS, Paths
 
 
 class CliError(Exception):
@@ -36,7 +36,8 @@ class Context:
         a = self.args
         overrides = {"engine": getattr(a, "engine", None), "model": getattr(a, "model", None),
                      "n_ctx": getattr(a, "ctx", None), "max_tokens": getattr(a, "max_tokens", None),
-                     "threads": getattr(a, "threads", None)}
+                     "threads": getattr(a, "threads", None), "kv": getattr(a, "kv", None),
+                     "attention": getattr(a, "attention", None)}
         return Session(Paths.resolve(getattr(a, "data_dir", None)), overrides)
 
     @property
@@ -125,10 +126,28 @@ def cmd_docs(ctx: Context) -> int:
     return 0
 
 
-def cmd_ask(ctx: Context) -> int:
-    from app.ask import AskError, ask
+def _ask_targets(ctx: Context) -> list[dict]:
+    """The documents of --doc, --folder or --all (ingested ones; a folder with none is an error)."""
+    a = ctx.args
+    if a.doc:
+        return [ctx.resolve_doc(ref) for ref in a.doc]
+    if a.folder:
+        folder = str(Path(a.folder).expanduser().resolve())
+        docs = [d for d in ctx.store.documents(folder) if d["status"] == "ingested"]
+        if not docs:
+            raise CliError(f"{a.folder}: no ingested documents under this folder; `ellm ingest {a.folder}` first")
+        return docs
+    docs = [d for d in ctx.store.documents() if d["status"] == "ingested"]
+    if not docs:
+        raise CliError("no ingested documents; `ellm ingest FOLDER` first")
+    return docs
 
-    docs = [ctx.resolve_doc(ref) for ref in ctx.args.doc]
+
+def cmd_ask(ctx: Context) -> int:
+    from app.ask import AskError
+    from app.folder_ask import ask_many
+
+    docs = _ask_targets(ctx)
     backend = ctx.backend()
     params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.max_tokens)
     streaming = not ctx.json
@@ -141,8 +160,9 @@ def cmd_ask(ctx: Context) -> int:
             sys.stdout.flush()
 
     try:
-        answer = ask(ctx.store, backend, ctx.args.question, [d["id"] for d in docs], params,
-                     model_name=ctx.model_path.name, on_text=show)
+        answer = ask_many(ctx.store, backend, ctx.args.question, [d["id"] for d in docs], params,
+                          model_name=ctx.model_path.name, on_text=show,
+                          progress=lambda what: err(f"ask: {what}"))
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     if ctx.json:
@@ -151,11 +171,17 @@ def cmd_ask(ctx: Context) -> int:
     print()
     if answer.plan.note:
         print(f"\nNote: {answer.plan.note}")
+    if answer.extra.get("note"):
+        print(f"\nNote: {answer.extra['note']}")
     titles = {d["id"]: d["title"] for d in docs}
     if answer.citations:
         print("\nSources:")
         for c in answer.citations:
             print(f"  - {titles.get(c['doc'], c['doc'])}, p. {c['page']}: \"{c['text'][:160]}\"")
+    attended = answer.extra.get("attended") or []
+    if attended:
+        print("\nAttended (where the model looked while answering): " + ", ".join(
+            f"{titles.get(a['doc'], a['doc'])} p. {a['page']} ({a['weight']:.0%})" for a in attended))
     t = answer.timings
     print(f"\n[{t['prompt_tokens']} prompt tokens, first token after {t['ttft_s']:.2f} s, "
           f"{t['decode_tok_s']:.1f} tokens/s, engine {answer.engine}]")
@@ -257,25 +283,41 @@ def cmd_doctor(ctx: Context) -> int:
 
 
 def cmd_bench(ctx: Context) -> int:
-    from app.bench import BenchConfig, format_table, plot, run_bench
-
     a = ctx.args
-    engines = tuple(e.strip() for e in a.engines.split(",") if e.strip())
+    engines = comma_list(a.engines or ("ellm" if a.passkey else "ellm,llamacpp"))
     for e in engines:
         if e not in ("ellm", "llamacpp"):
             raise CliError(f"unknown engine '{e}' in --engines; choose from ellm, llamacpp")
+    contexts_text = a.contexts or ("4096" if a.passkey else "512")
     try:
-        contexts = tuple(int(c) for c in a.contexts.split(","))
+        contexts = tuple(int(c) for c in comma_list(contexts_text))
     except ValueError as e:
-        raise CliError(f"--contexts takes numbers separated by commas, not '{a.contexts}'") from e
-    if a.kv != "f16" or a.attention != "dense":
-        raise CliError("only --kv f16 and --attention dense are implemented so far")
+        raise CliError(f"--contexts takes numbers separated by commas, not '{contexts_text}'") from e
+    if not contexts or min(contexts) < 1:
+        raise CliError(f"--contexts takes positive numbers separated by commas, not '{contexts_text}'")
+    kvs = kv_names(a.kv_list)
+    attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else "dense"))
+    if not attentions:
+        raise CliError("--attention takes dense, sparse or dense,sparse")
+    for m in attentions:
+        if m not in ("dense", "sparse"):
+            raise CliError(f"unknown attention '{m}' in --attention; choose from dense, sparse")
+    sparse = sparse_config(a)
+    if a.needle_folder:
+        return bench_needle_folder(ctx, kvs, attentions, sparse)
+    if a.passkey:
+        return bench_passkey(ctx, engines, contexts, kvs, attentions, sparse)
+    from app.bench import BenchConfig, format_table, plot, run_bench
+
     pins = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(a.pin)
     if pins is None:
         raise CliError(f"--pin takes on, off or on,off, not '{a.pin}'")
     cfg = BenchConfig(model_path=ctx.model_path, engines=engines, contexts=contexts, decode_steps=a.steps,
-                      threads=a.threads or 0, kv=a.kv, attention=a.attention, pinning=pins)
-    report = run_bench(cfg, progress=lambda what: err(f"bench: {what}"))
+                      threads=a.threads or 0, kvs=kvs, attentions=attentions, sparse=sparse, pinning=pins)
+    try:
+        report = run_bench(cfg, progress=lambda what: err(f"bench: {what}"))
+    except ValueError as e:   # a backend refused a combination (its message names it)
+        raise CliError(str(e)) from e
     print(format_table(report))
     if a.json_file:
         Path(a.json_file).write_text(json.dumps(report, indent=2))
@@ -283,6 +325,117 @@ def cmd_bench(ctx: Context) -> int:
     if a.plot:
         plot(report, a.plot)
         err(f"bench: chart written to {a.plot}")
+    return 0
+
+
+def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
+    from app.engine.sparse import SparseConfig
+    from app.needle import NeedleConfig, run_needle_folder
+
+    a = ctx.args
+    if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
+        raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
+    mode = attentions[0] if attentions else "sparse"
+    attention = sparse if (mode == "sparse" and sparse is not None) else SparseConfig(mode=mode)
+    cfg = NeedleConfig(ctx.model_path, n_docs=a.needle_folder, tokens=a.tokens, trials=a.trials, kv=kvs[0],
+                       attention=attention, threads=a.threads or 0, decode_steps=a.steps)
+    report = run_needle_folder(cfg, progress=lambda what: err(f"needle: {what}")).as_dict()
+    base, lc = report["baseline"], report["llamacpp"]
+    print(f"{a.needle_folder} documents, {a.tokens} tokens, KV {kvs[0]}, {mode} attention: "
+          f"found {report['accuracy']:.0%} of {a.trials} trials, time to first token {report['ttft_s_median']:.2f} s "
+          f"(warm caches, median), decode {report['decode_tok_s']:.1f} tok/s, "
+          f"{report['kv_read_bytes_per_token'] / 1e6:.1f} MB of KV read per token")
+    print(f"reference: dense attention in one {base['tokens']}-token document found {base['accuracy']:.0%}; "
+          f"llama.cpp dense decode at {lc.get('context', 0)} tokens: {lc.get('decode_tok_s', 0):.1f} tok/s")
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(report, indent=2))
+        err(f"needle: results written to {a.json_file}")
+    return 0
+
+
+def bench_passkey(ctx: Context, engines, contexts, kvs, attentions, sparse) -> int:
+    from app.passkey import PasskeyConfig, depth_detail, format_passkey, run_passkey
+
+    a = ctx.args
+    if a.plot:
+        raise CliError("--plot draws the speed benchmark; --passkey writes a table (and --json FILE)")
+    if a.trials < 1:
+        raise CliError(f"--trials must be at least 1, not {a.trials}")
+    cfg = PasskeyConfig(model_path=ctx.model_path, contexts=contexts, engines=engines, kvs=kvs,
+                        attentions=attentions, sparse=sparse, trials=a.trials, threads=a.threads or 0)
+    try:
+        report = run_passkey(cfg, progress=lambda what: err(f"passkey: {what}"))
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    print(format_passkey(report))
+    print()
+    print("\n".join(depth_detail(report)))
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(report, indent=2))
+        err(f"passkey: results written to {a.json_file}")
+    return 0
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def kv_names(text: str) -> tuple[str, ...]:
+    """The KV formats of a comma list, by their canonical names; an unknown one is an error."""
+    from app.engine.kvformat import KVSpec
+
+    names = []
+    for name in comma_list(text):
+        try:
+            names.append(KVSpec.parse(name).name)
+        except ValueError as e:
+            raise CliError(f"--kv: {e}") from e
+    if not names:
+        raise CliError("--kv takes KV formats separated by commas (f16, k8v8, k8v4, k4v4)")
+    return tuple(dict.fromkeys(names))
+
+
+def sparse_config(a):
+    """The SparseConfig of --sinks --window --top-k --dense-layers --reselect (engine defaults
+    for those not given)."""
+    from app.engine.sparse import SparseConfig
+
+    given = {k: getattr(a, k) for k in ("sinks", "window", "top_k", "dense_layers", "reselect")
+             if getattr(a, k) is not None}
+    try:
+        return SparseConfig(mode="sparse", **given)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+
+
+def cmd_kv_probe(ctx: Context) -> int:
+    from app.bench import PROBE_TOKENS, ProbeError, probe_document
+
+    a = ctx.args
+    limit = PROBE_TOKENS if a.tokens is None else a.tokens
+    if limit < 2:
+        raise CliError(f"--tokens must be at least 2, not {limit}")
+    doc = ctx.resolve_doc(a.doc)
+    s = ctx.session.settings
+    model = ctx.model_path
+    err(f"kv-probe: {a.probe_kv} against f16 on '{doc['title']}' with {model.name} (first {limit} tokens)")
+
+    def progress(done: int, total: int) -> None:
+        err(f"kv-probe: [{done}/{total}] tokens")
+
+    try:
+        result = probe_document(ctx.store, doc, model, a.probe_kv, limit, s.threads, s.numa, progress)
+    except ProbeError as e:
+        raise CliError(str(e)) from e
+    if ctx.json:
+        ctx.print_json(result.as_dict())
+        return 0
+    used = ("the whole document" if result.tokens < limit
+            else f"the first {result.tokens} tokens (--tokens changes it)")
+    print(f"KV {result.kv} against f16 on '{doc['title']}' ({doc['path']}), {result.tokens} tokens: {used}")
+    print(f"  mean KL divergence   {result.mean_kl:.6f} nats")
+    print(f"  max KL divergence    {result.max_kl:.6f} nats")
+    print(f"  top-1 agreement      {result.top1_agreement:.2%}")
     return 0
 
 
@@ -325,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length in tokens")
         p.add_argument("--threads", type=int, default=None, metavar="N", help="threads (default: physical cores)")
 
+    def kv_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--kv", choices=KV_SETTINGS, default=None,
+                       help="KV cache precision for this call (default: settings, f16)")
+        p.add_argument("--attention", choices=ATTENTION, default=None,
+                       help="attention for this call (default: settings, dense); llama.cpp is always dense")
+
     parser = argparse.ArgumentParser(prog="ellm", parents=[common],
                                      description="Ask questions about whole documents with a local LLM.")
     parser.add_argument("--version", action="version", version=f"ellm {__version__}")
@@ -344,11 +503,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ask", parents=[common], help="ask a question about a document")
     p.add_argument("question")
-    p.add_argument("--doc", required=True, action="append", metavar="ID_OR_TITLE_OR_FILENAME",
-                   help="the document (repeat for several)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--doc", action="append", metavar="ID_OR_TITLE_OR_FILENAME",
+                        help="the document (repeat for several)")
+    target.add_argument("--folder", metavar="PATH", help="every ingested document under this folder")
+    target.add_argument("--all", action="store_true", help="every ingested document")
     engine_opts(p)
     p.add_argument("--max-tokens", type=int, default=None, metavar="N")
     p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
+    kv_opts(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_ask)
 
@@ -369,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine_opts(p)
     p.add_argument("-n", type=int, default=64, metavar="N", help="tokens to generate")
     p.add_argument("--greedy", action="store_true")
+    kv_opts(p)
     p.set_defaults(func=cmd_complete)
 
     p = sub.add_parser("hw", parents=[common], help="CPU topology, thread plan, bandwidth and KV budget")
@@ -387,18 +551,47 @@ def build_parser() -> argparse.ArgumentParser:
     # bench has its own --json FILE, so it takes only --data-dir from the common options.
     data_only = argparse.ArgumentParser(add_help=False)
     data_only.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR")
-    p = sub.add_parser("bench", parents=[data_only], help="prefill/decode speed of both engines side by side")
-    p.add_argument("--engines", default="ellm,llamacpp", help="comma-separated: ellm,llamacpp")
-    p.add_argument("--contexts", default="512", help="comma-separated context lengths in tokens")
-    p.add_argument("--kv", default="f16", help="KV cache precision (f16)")
-    p.add_argument("--attention", default="dense", help="attention (dense)")
+    p = sub.add_parser("bench", parents=[data_only],
+                       help="prefill/decode speed of both engines side by side; --passkey: long-context retrieval")
+    p.add_argument("--engines", default=None,
+                   help="comma-separated: ellm,llamacpp (default: both; with --passkey, ellm)")
+    p.add_argument("--contexts", default=None,
+                   help="comma-separated context lengths in tokens (default: 512; with --passkey, 4096)")
+    p.add_argument("--kv", dest="kv_list", default="f16", metavar="SPEC[,SPEC...]",
+                   help="KV cache formats: f16, k8v8, k8v4, k4v4 (llama.cpp: f16 always, plus those asked)")
+    p.add_argument("--attention", dest="attention_list", default=None, metavar="dense,sparse",
+                   help="attention modes of eLLM, llama.cpp is always dense (default: dense; with --passkey, both)")
+    p.add_argument("--sinks", type=int, default=None, metavar="S", help="sparse: first tokens always attended")
+    p.add_argument("--window", type=int, default=None, metavar="W", help="sparse: last tokens always attended")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sparse: blocks retrieved per KV head")
+    p.add_argument("--dense-layers", type=int, default=None, metavar="N",
+                   help="sparse: leading layers that attend densely")
+    p.add_argument("--reselect", type=int, default=None, metavar="N", help="sparse: choose blocks every N tokens")
     p.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
     p.add_argument("--pin", default="on", help="ellm threads pinned one per CPU: on, off, or on,off to compare")
+    p.add_argument("--passkey", action="store_true",
+                   help="pass key retrieval accuracy instead of speed (a number hidden in long prose)")
+    p.add_argument("--trials", type=int, default=5, metavar="N",
+                   help="--passkey: trials per context and mode; --needle-folder: trials")
+    p.add_argument("--needle-folder", type=int, default=0, metavar="N",
+                   help="one fact planted in one of N filler documents, asked across all of them")
+    p.add_argument("--tokens", type=int, default=200_000, metavar="T",
+                   help="--needle-folder: tokens of all the documents together")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write the results as JSON to FILE")
     p.add_argument("--plot", metavar="FILE", help="write a PNG chart to FILE")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("kv-probe", parents=[common],
+                       help="how much a smaller KV cache changes the model's predictions on a document")
+    p.add_argument("--doc", required=True, metavar="ID_OR_TITLE_OR_FILENAME", help="the document")
+    p.add_argument("--kv", dest="probe_kv", required=True, metavar="SPEC",
+                   help="KV format compared with f16: k8v8, k8v4, k4v4 (or f16)")
+    p.add_argument("--tokens", type=int, default=None, metavar="N",
+                   help="probe the document's first N tokens (default 4096)")
+    p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+    p.set_defaults(func=cmd_kv_probe)
     return parser
 
 

@@ -69,6 +69,7 @@ class Selection:
     qpos: np.ndarray     # (T,) int64 position of each query as it sees itself
     compressed: bool
     retrieved: tuple[int, int] = (0, 0)   # columns of ``blocks`` chosen by ranking (not sinks/window)
+    ranked: bool = False                  # some blocks were left out
 
 
 # ---- Selection ------------------------------------------------------------------------------
@@ -105,7 +106,7 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: Spars
     place = np.empty((KVH, ns), np.int64)                             # (KVH, NS)
     qpos = np.empty(n_tok, np.int64)                                  # (T,)
     _assemble(scores, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, B, pos0, blocks, place, qpos)
-    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen))
+    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked)
 
 
 _NO_SCORES = np.zeros((1, 1), np.float32)

@@ -40,8 +40,20 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg
     scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
     a = cache.arrays(layer)
     if n_tok == 1:
-        return _decode(q, a, cache, n, sel, cos, sin, neox, scale)
+        return _decode(q, a, cache, n, n, sel, cos, sin, neox, scale)
+    if sel.ranked and n_tok <= PER_QUERY_MAX:
+        # A short chunk (a question after a cached document) chooses blocks query by query,
+        # as decoding does: a chunk-wide mean query would let the question's tokens share
+        # one choice with everything else in the chunk.
+        out = np.empty(q.shape, np.float32)                        # (T, H, HD)
+        for t in range(n_tok):
+            sel_t = select(cache, layer, q[t:t + 1], pos0 + t, cfg, cos, sin, neox)
+            out[t] = _decode(q[t:t + 1], a, cache, n, pos0 + t + 1, sel_t, cos, sin, neox, scale)[0]
+        return out
     return _prefill(q, a, cache, pos0, sel, cos, sin, neox, scale)
+
+
+PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
 
 
 def _selection(cache, layer, q, pos0, cfg, cos, sin, neox) -> Selection:
@@ -55,7 +67,8 @@ def _selection(cache, layer, q, pos0, cfg, cos, sin, neox) -> Selection:
         old = prev[1]
         ns = old.blocks.shape[1]
         qpos = (ns - 1) * cache.block + pos0 % cache.block if old.compressed else pos0
-        return Selection(old.blocks, old.place, np.array([qpos], np.int64), old.compressed, old.retrieved)
+        return Selection(old.blocks, old.place, np.array([qpos], np.int64), old.compressed, old.retrieved,
+                         old.ranked)
     sel = select(cache, layer, q, pos0, cfg, cos, sin, neox)
     cache.selection[layer] = (pos0, sel)
     return sel
@@ -64,14 +77,16 @@ def _selection(cache, layer, q, pos0, cfg, cos, sin, neox) -> Selection:
 # ---- Decode ---------------------------------------------------------------------------------
 
 
-def _decode(q, a, cache: BlockKVCache, n, sel: Selection, cos, sin, neox, scale):
+def _decode(q, a, cache: BlockKVCache, n, n_limit, sel: Selection, cos, sin, neox, scale):
+    """One query over its selected blocks: ``n`` tokens are stored, the query sees the first
+    ``n_limit`` of them (causal)."""
     n_heads, head_dim = q.shape[1], q.shape[2]
     kvh, ns = sel.blocks.shape
     n_split = max(1, min(4, ns // 4)) if kvh < 4 else 1
     out = np.empty((1, n_heads, head_dim), np.float32)        # (1, H, HD)
     bmax = np.empty((n_heads, ns), np.float32)                 # (H, NS) block score max
     bsum = np.empty((n_heads, ns), np.float32)                 # (H, NS) block exp-sum
-    _decode_kernel(q[0], *a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits,
+    _decode_kernel(q[0], *a, cache.nb_base, n, n_limit, cache.spec.k_bits, cache.spec.v_bits,
                    sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox, scale, n_split,
                    out[0], bmax, bsum, cache.block_mass, sel.retrieved[0], sel.retrieved[1])
     return out
@@ -166,7 +181,7 @@ def _tail_values(tv, p, n_valid, acc):
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, k_bits, v_bits,
+def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, n_limit, k_bits, v_bits,
                    blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax, bsum, mass, credit0, credit1):
     """One query token over the selected blocks.
 
@@ -206,7 +221,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 acc[g, d] = 0.0
         for i in range(i0, i1):
             b = blocks[h, i]
-            n_valid = min(block, n - b * block)
+            n_valid = min(block, n_limit - b * block)
             if n_valid <= 0:
                 continue
             rel = qpos - place[h, i]
@@ -265,7 +280,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 out[hq, d] *= inv
             for i in range(credit0, credit1):
                 b = blocks[h, i]
-                if n - b * block > 0:
+                if n_limit - b * block > 0:
                     mass[b] += np.exp(bmax[hq, i] - mm) * bsum[hq, i] * inv
 
 

@@ -1,6 +1,7 @@
-"""The settings dialog: model, engine, context, KV precision, sparse attention,
-sampling, threads and NUMA policy. It edits an ``app.config.Settings`` and saves
-it through the session; the defaults are Settings' own (one table)."""
+"""The settings dialog: model, engine, context, KV precision, attention, sampling,
+threads and NUMA policy. It edits an ``app.config.Settings`` and saves it through
+the session; the defaults are Settings' own (one table). The KV quality probe
+(``ellm kv-probe``) runs from here on a document, in the background."""
 from __future__ import annotations
 
 from dataclasses import fields
@@ -8,37 +9,62 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-    QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
+    QAbstractSpinBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
+    QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
 )
 
-from app.config import ENGINES, NUMA_POLICIES, Settings
-from app.ui.workers import Job, start
+from app.config import ATTENTION, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
 from app.ui.widgets import info_label
+from app.ui.workers import Job, start
 
 ENGINE_LABELS = {"auto": "Automatic (eLLM when it runs the model)", "ellm": "eLLM", "llamacpp": "llama.cpp"}
-KV_PRECISIONS = ("f16", "k8v8", "k8v4", "k4v4")
+KV_PRECISIONS = KV_SETTINGS
 KV_TIPS = {"f16": "16-bit keys and values (exact)", "k8v8": "8-bit keys and values",
            "k8v4": "8-bit keys, 4-bit values (the usual trade: keys are more sensitive)",
            "k4v4": "4-bit keys and values (smallest)"}
-KV_LATER = "arrives with the quantized KV cache"
-KV_NOW = ("Sizes the KV cache in the hardware tab and `ellm hw`; answers use f16 until the quantized "
-          "KV cache arrives")
-# (Settings field, label, minimum, maximum, shown default, tooltip) of sparse retrieval attention
+KV_NOW = ("KV cache precision of the answers: eLLM stores it in its blocked cache, llama.cpp as q8_0/q4_0; "
+          "the KV quality probe shows what it costs in accuracy")
+ATTENTION_LABELS = {"dense": "dense (every token)", "sparse": "sparse retrieval (sinks, window, top-K blocks)"}
+ATTENTION_TIP = ("eLLM only (llama.cpp always attends densely). Sparse reads a fixed number of KV blocks per "
+                 "token, so long documents decode faster, and it finds facts beyond the model's trained context")
+# (label, SparseConfig field or "block", tooltip) of sparse retrieval attention: the engine's defaults,
+# shown read-only (they are not settings; `ellm bench --sinks --window --top-k` measures others)
 SPARSE_FIELDS = (
-    ("sparse_block", "Block size (tokens)", 16, 1024, 64, "B: tokens per KV block"),
-    ("sparse_sinks", "Sink tokens", 0, 4096, 64, "S: the first tokens every query attends to"),
-    ("sparse_window", "Local window (tokens)", 0, 65536, 1024, "W: the most recent tokens every query attends to"),
-    ("sparse_top_k", "Retrieved blocks", 0, 4096, 16, "K: blocks chosen per query by their representatives"),
+    ("Block size (tokens)", "block", "B: tokens per KV block"),
+    ("Sink tokens", "sinks", "S: the first tokens every query attends to"),
+    ("Local window (tokens)", "window", "W: the most recent tokens every query attends to"),
+    ("Retrieved blocks", "top_k", "K: blocks chosen per query by their key bounds"),
 )
-SPARSE_LATER = "arrives with sparse retrieval attention"
-KV_PROBE_LATER = "arrives with `ellm kv-probe`: it measures how much each KV precision changes the answers"
+SPARSE_FIXED = "the engine's default; `ellm bench --sinks --window --top-k` measures others"
+KV_PROBE_TIP = ("Compares the chosen KV precision with f16 on the first 4096 tokens of the selected document "
+                "(the first one when none is selected): how much the model's next-token predictions change")
 NUMA_LABELS = {"distribute": "distribute (use every node)", "isolate": "isolate (one node)", "none": "none"}
 GiB = 1 << 30
 
 
+PROBE_START = "KV quality probe…"
+PROBE_CANCEL = "Cancel probe"
+
+
 def settings_fields() -> set[str]:
     return {f.name for f in fields(Settings)}
+
+
+def sparse_default(name: str) -> int:
+    """The engine's default of a sparse attention option (its KV block for "block")."""
+    if name == "block":
+        from app.engine.kvformat import BLOCK
+
+        return BLOCK
+    from app.engine.sparse import SparseConfig
+
+    return int(getattr(SparseConfig(), name))
+
+
+def probe_summary(result, title: str) -> str:
+    """One line of a ProbeResult, as the dialog shows it."""
+    return (f"{result.kv} against f16 on '{title}', {result.tokens:,} tokens: mean KL {result.mean_kl:.5f}, "
+            f"max KL {result.max_kl:.4f}, top-1 agreement {result.top1_agreement:.1%}")
 
 
 def describe_model(path: str) -> tuple[str, bool]:
@@ -78,7 +104,6 @@ class SettingsDialog(QDialog):
         self.setWindowTitle("eLLM settings")
         self.setObjectName("settings")
         self.setMinimumWidth(560)
-        known = settings_fields()
         layout = QVBoxLayout(self)
 
         model_box = QGroupBox("Model")
@@ -114,30 +139,40 @@ class SettingsDialog(QDialog):
         attention = QGroupBox("KV cache and attention")
         form = QFormLayout(attention)
         self.kv = QComboBox()
-        self.kv_setting = "kv" in known
         for i, name in enumerate(KV_PRECISIONS):
             self.kv.addItem(name, name)
-            usable = self.kv_setting or name == "f16"
-            self.kv.model().item(i).setEnabled(usable)
-            self.kv.setItemData(i, KV_TIPS[name] if usable else f"{KV_TIPS[name]}: {KV_LATER}", Qt.ToolTipRole)
-        self.kv.setToolTip(KV_NOW if self.kv_setting else f"f16 for now; 8- and 4-bit {KV_LATER}")
+            self.kv.setItemData(i, KV_TIPS[name], Qt.ToolTipRole)
+        self.kv.setToolTip(KV_NOW)
         row = QHBoxLayout()
         row.addWidget(self.kv, 1)
-        self.kv_probe_button = QPushButton("KV quality probe…")
-        self.kv_probe_button.setEnabled(False)
-        self.kv_probe_button.setToolTip(KV_PROBE_LATER)
+        self.kv_probe_button = QPushButton(PROBE_START)
+        self.kv_probe_button.setObjectName("kvProbe")
+        self.kv_probe_button.setToolTip(KV_PROBE_TIP)
+        self.kv_probe_button.clicked.connect(self.toggle_probe)
         row.addWidget(self.kv_probe_button)
         form.addRow("KV precision", row)
+        self.probe_progress = QProgressBar()
+        self.probe_progress.setVisible(False)
+        form.addRow("", self.probe_progress)
+        self.probe_info = info_label("", "kvProbeResult")
+        self.probe_info.setVisible(False)
+        form.addRow("", self.probe_info)
+        self.attention = QComboBox()
+        for name in ATTENTION:
+            self.attention.addItem(ATTENTION_LABELS[name], name)
+        self.attention.setToolTip(ATTENTION_TIP)
+        form.addRow("Attention", self.attention)
         self.sparse: dict[str, QSpinBox] = {}
-        for name, label, lo, hi, shown, tip in SPARSE_FIELDS:
+        for label, name, tip in SPARSE_FIELDS:
             box = QSpinBox()
-            box.setRange(lo, hi)
-            box.setValue(shown)
-            usable = name in known
-            box.setEnabled(usable)
-            box.setToolTip(tip if usable else f"{tip}; {SPARSE_LATER}")
+            box.setRange(0, 1 << 20)
+            box.setValue(sparse_default(name))
+            box.setReadOnly(True)
+            box.setButtonSymbols(QAbstractSpinBox.NoButtons)
+            box.setToolTip(f"{tip}; {SPARSE_FIXED}")
             self.sparse[name] = box
             form.addRow(label, box)
+        self.attention.currentIndexChanged.connect(self._attention_changed)
         layout.addWidget(attention)
 
         sampling = QGroupBox("Answers")
@@ -183,6 +218,8 @@ class SettingsDialog(QDialog):
         layout.addWidget(buttons)
 
         self._pending_error = ""
+        self.probe_job: Job | None = None
+        self.probe_result = None  # the last ProbeResult shown
         self.model_pending = False
         self.model_ok = True
         self._base = self._current()
@@ -197,10 +234,9 @@ class SettingsDialog(QDialog):
         self.set_model(s.model)
         self.engine.setCurrentIndex(self.engine.findData(s.engine))
         self.n_ctx.setValue(s.n_ctx)
-        self.kv.setCurrentIndex(max(self.kv.findData(getattr(s, "kv", "f16")), 0))
-        for name, box in self.sparse.items():
-            if hasattr(s, name):
-                box.setValue(int(getattr(s, name)))
+        self.kv.setCurrentIndex(max(self.kv.findData(s.kv), 0))
+        self.attention.setCurrentIndex(max(self.attention.findData(s.attention), 0))
+        self._attention_changed()
         self.temperature.setValue(s.temperature)
         self.top_k.setValue(s.top_k)
         self.top_p.setValue(s.top_p)
@@ -217,11 +253,8 @@ class SettingsDialog(QDialog):
                        n_ctx=self.n_ctx.value(), temperature=round(self.temperature.value(), 4),
                        top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4),
                        repeat_penalty=round(self.repeat_penalty.value(), 4), max_tokens=self.max_tokens.value(),
-                       seed=self.seed.value(), threads=self.threads.value(), numa=self.numa.currentData())
-        if self.kv_setting:
-            changes["kv"] = self.kv.currentData()
-        known = settings_fields()
-        changes.update({name: box.value() for name, box in self.sparse.items() if name in known})
+                       seed=self.seed.value(), threads=self.threads.value(), numa=self.numa.currentData(),
+                       kv=self.kv.currentData(), attention=self.attention.currentData())
         if changes["max_tokens"] >= changes["n_ctx"]:
             raise ValueError(f"the longest answer ({changes['max_tokens']} tokens) must be shorter than the "
                              f"context length ({changes['n_ctx']} tokens)")
@@ -261,7 +294,98 @@ class SettingsDialog(QDialog):
         self.accept()
         return True
 
+    def toggle_probe(self) -> None:
+        """Start the KV quality probe on the selected document, or cancel the one running."""
+        if self.probe_job is not None:
+            self.probe_job.cancel()
+            self.kv_probe_button.setEnabled(False)  # until the job stops at its next chunk
+            self._probe_message("Cancelling…")
+            return
+        from app.models import ModelError, resolve_model
+
+        doc = self._probe_document()
+        if doc is None:
+            self._probe_message("Add a document to the library first: the probe runs on a document.", True)
+            return
+        try:
+            model_path = resolve_model(self.model.text().strip(), self.session.paths.models_dir)
+        except ModelError as e:
+            self._probe_message(str(e), True)
+            return
+        kv, threads, numa = self.kv.currentData(), self.threads.value(), self.numa.currentData()
+        store = self.session.store
+
+        def work(ctl):  # a ProbeError's message reaches sig_error as it is
+            from app.bench import PROBE_TOKENS, probe_document
+
+            return doc, probe_document(store, doc, model_path, kv, PROBE_TOKENS, threads, numa,
+                                       progress=lambda done, total: ctl.progress(done, total, "tokens"),
+                                       cancel=ctl.cancelled)
+
+        job = Job(work)
+        job.signals.sig_progress.connect(self._probe_progress)
+        job.signals.sig_done.connect(self._probe_done)
+        job.signals.sig_error.connect(lambda message: self._probe_message(message, True))
+        job.signals.sig_finished.connect(self._probe_finished)
+        self.probe_job = job
+        self.probe_result = None
+        self.kv_probe_button.setText(PROBE_CANCEL)
+        self.probe_progress.setRange(0, 0)  # busy until the first chunk reports
+        self.probe_progress.setVisible(True)
+        self._probe_message(f"Probing {kv} against f16 on '{doc['title']}' with {model_path.name}…")
+        start(job)
+
+    def done(self, result: int) -> None:
+        """Closing the dialog (Save, Cancel, Esc) stops the probe at its next chunk."""
+        if self.probe_job is not None:
+            self.probe_job.cancel()
+        super().done(result)
+
     # ---- Internals -------------------------------------------------------------
+
+    def _probe_document(self) -> dict | None:
+        """The document selected in the window's library, else the first ingested one."""
+        store = self.session.store
+        library = getattr(self.parent(), "library", None)
+        ids = library.selected_ids() if library is not None else []
+        for doc_id in ids:
+            doc = store.document(doc_id)
+            if doc is not None and doc["pages"]:
+                return doc
+        return next((d for d in store.documents() if d["status"] == "ingested" and d["pages"]), None)
+
+    def _probe_progress(self, done: int, total: int, what: str) -> None:
+        self.probe_progress.setRange(0, total)
+        self.probe_progress.setValue(done)
+        self.probe_progress.setFormat(f"%v / %m {what}")
+
+    def _probe_done(self, answer) -> None:
+        doc, result = answer
+        if result is None:
+            self._probe_message("The KV probe was cancelled.")
+            return
+        self.probe_result = result
+        self._probe_message(probe_summary(result, doc["title"]))
+
+    def _probe_finished(self) -> None:
+        self.probe_job = None
+        self.probe_progress.setVisible(False)
+        self.kv_probe_button.setText(PROBE_START)
+        self.kv_probe_button.setEnabled(True)
+
+    def _probe_message(self, text: str, failed: bool = False) -> None:
+        self.probe_info.setText(text)
+        self.probe_info.setProperty("failed", failed)
+        self.probe_info.style().unpolish(self.probe_info)
+        self.probe_info.style().polish(self.probe_info)
+        self.probe_info.setVisible(True)
+
+    def _attention_changed(self) -> None:
+        """The sparse options matter (and are shown enabled) only with sparse attention."""
+        sparse = self.attention.currentData() == "sparse"
+        for box in self.sparse.values():
+            box.setEnabled(sparse)
+
 
     def _current(self) -> Settings:
         try:

@@ -1,11 +1,13 @@
 """The settings dialog: a round trip through the store, restoring defaults, model
-metadata, and the features that are not there yet shown as such."""
+metadata, and the KV and attention choices (the KV probe: test_settings_kv.py)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
 from app.config import Settings
-from app.ui.settings_dialog import KV_PRECISIONS, KV_PROBE_LATER, SPARSE_FIELDS, SPARSE_LATER, settings_fields
+from app.engine.kvformat import BLOCK
+from app.engine.sparse import SparseConfig
+from app.ui.settings_dialog import KV_PRECISIONS, SPARSE_FIELDS
 from tests.ui.conftest import FAST
 
 
@@ -44,10 +46,11 @@ def test_settings_round_trip(qtbot, window, session):
     typed(qtbot, dialog.threads, "1")
     dialog.numa.setCurrentIndex(dialog.numa.findData("isolate"))
     dialog.kv.setCurrentIndex(dialog.kv.findData("k8v4"))
+    dialog.attention.setCurrentIndex(dialog.attention.findData("sparse"))
     with qtbot.waitSignal(dialog.accepted):
         qtbot.mouseClick(dialog.save_button, Qt.LeftButton)
     expected = Settings(engine="ellm", n_ctx=4096, max_tokens=100, temperature=0.7, top_k=20, top_p=0.9,
-                        repeat_penalty=1.2, threads=1, numa="isolate", kv="k8v4")
+                        repeat_penalty=1.2, threads=1, numa="isolate", kv="k8v4", attention="sparse")
     assert session.settings == expected
     assert window.statusBar().currentMessage() == "Settings saved; used from the next answer"
 
@@ -55,6 +58,7 @@ def test_settings_round_trip(qtbot, window, session):
     assert again.values() == expected
     assert again.engine.currentText() == "eLLM" and again.numa.currentData() == "isolate"
     assert again.n_ctx.value() == 4096 and again.kv.currentData() == "k8v4"
+    assert again.attention.currentData() == "sparse"
 
     qtbot.mouseClick(again.restore_button, Qt.LeftButton)
     assert again.values() == Settings()
@@ -111,16 +115,20 @@ def test_model_metadata_and_an_invalid_model_file(qtbot, window, session, tmp_pa
     assert dialog.model.text() == "" and dialog.model_info.text().lower().startswith("smollm2")
 
 
-def test_features_still_to_come_are_visible_but_disabled(qtbot, window):
+def test_every_kv_precision_and_attention_can_be_chosen(qtbot, window):
     dialog = open_dialog(qtbot, window)
-    assert not dialog.kv_probe_button.isEnabled() and dialog.kv_probe_button.toolTip() == KV_PROBE_LATER
-    kv_stored = "kv" in settings_fields()
     assert [dialog.kv.itemText(i) for i in range(dialog.kv.count())] == list(KV_PRECISIONS)
-    for i in range(dialog.kv.count()):
-        enabled = dialog.kv.model().item(i).isEnabled()
-        assert enabled == (kv_stored or dialog.kv.itemData(i) == "f16")
-    for name, *_ in SPARSE_FIELDS:
-        box = dialog.sparse[name]
-        assert box.isEnabled() == (name in settings_fields())
-        if not box.isEnabled():
-            assert box.toolTip().endswith(SPARSE_LATER)
+    assert all(dialog.kv.model().item(i).isEnabled() for i in range(dialog.kv.count()))
+    assert [dialog.attention.itemData(i) for i in range(dialog.attention.count())] == ["dense", "sparse"]
+    assert dialog.kv_probe_button.isEnabled()
+
+
+def test_sparse_options_show_the_engine_defaults_read_only(qtbot, window):
+    dialog = open_dialog(qtbot, window)
+    defaults = SparseConfig()
+    assert {name: dialog.sparse[name].value() for _, name, _ in SPARSE_FIELDS} == {
+        "block": BLOCK, "sinks": defaults.sinks, "window": defaults.window, "top_k": defaults.top_k}
+    assert all(box.isReadOnly() for box in dialog.sparse.values())
+    assert not any(box.isEnabled() for box in dialog.sparse.values()), "dense attention: they do not apply"
+    dialog.attention.setCurrentIndex(dialog.attention.findData("sparse"))
+    assert all(box.isEnabled() and box.isReadOnly() for box in dialog.sparse.values())
