@@ -1,0 +1,93 @@
+"""Questions across a folder: document caches side by side, one generation."""
+from __future__ import annotations
+
+import pytest
+
+from app import backends
+from app.config import Paths
+from app.folder_ask import ask_many
+from app.session import Session
+from tests.docs.make_samples import make_pdf
+
+SETTINGS = {"engine": "ellm", "kv": "k8v4", "attention": "sparse", "n_ctx": 2048}
+FILLER = "The committee reviewed routine matters of the harbour, the roads and the market. " * 6
+FACT = " The secret password of the harbour master is AMBERGRIS. "
+
+
+@pytest.fixture
+def folder(tmp_path, cli):
+    folder = tmp_path / "minutes"
+    folder.mkdir()
+    for i in range(3):
+        pages = [FILLER, FILLER]
+        if i == 1:
+            pages[1] = FILLER[:200] + FACT + FILLER[200:]
+        make_pdf(folder / f"minutes{i}.pdf", pages, title=f"Minutes {i}")
+    assert cli("ingest", str(folder))[0] == 0
+    backends._cache.clear()
+    yield folder
+    backends._cache.clear()
+
+
+def _session(data_dir, **extra):
+    return Session(Paths.resolve(data_dir), {**SETTINGS, **extra})
+
+
+def _ids(session, folder):
+    return [d["id"] for d in session.store.documents(str(folder))]
+
+
+def test_a_question_spans_every_document_and_cites_the_right_one(folder, data_dir):
+    s = _session(data_dir)
+    ids = _ids(s, folder)
+    a = ask_many(s.store, s.backend(), "What is the secret password of the harbour master?", ids,
+                 s.sampling(greedy=True, max_tokens=12))
+    d = a.as_dict()
+    assert [c["doc"] for c in d["considered"]] == ids and d["note"] == ""
+    holder = s.store.find_documents("minutes1.pdf")[0]["id"]
+    assert (d["citations"][0]["doc"], d["citations"][0]["page"]) == (holder, 2)
+    assert "AMBERGRIS" in d["citations"][0]["text"]
+    assert d["attended"] and all(x["doc"] in ids for x in d["attended"])
+    # All three documents' caches were made once; the context held them all.
+    assert len(list((s.paths.cache_dir / "kv").glob("*.kv"))) == 3
+    assert d["timings"]["prompt_tokens"] > 3 * 220   # three documents of ~250 tokens each
+
+
+def test_adding_a_document_invalidates_nothing_else(folder, data_dir, cli):
+    s = _session(data_dir)
+    ask_many(s.store, s.backend(), "What is on the agenda?", _ids(s, folder), s.sampling(greedy=True, max_tokens=4))
+    before = {p.name: p.stat().st_mtime_ns for p in (s.paths.cache_dir / "kv").glob("*.kv")}
+    make_pdf(folder / "minutes9.pdf", [FILLER], title="Minutes 9")
+    assert cli("ingest", str(folder))[0] == 0
+    backends._cache.clear()
+    again = ask_many(s.store, s.backend(), "What is on the agenda?", _ids(s, folder),
+                     s.sampling(greedy=True, max_tokens=4))
+    after = {p.name: p.stat().st_mtime_ns for p in (s.paths.cache_dir / "kv").glob("*.kv")}
+    assert len(after) == 4 and all(after[name] == t for name, t in before.items())
+    assert again.timings["kv_cache"] == "miss"   # the new document's cache was made
+    third = ask_many(s.store, s.backend(), "Who chaired?", _ids(s, folder), s.sampling(greedy=True, max_tokens=4))
+    assert third.timings["kv_cache"] == "hit"
+
+
+def test_over_the_memory_budget_the_most_relevant_documents_are_considered(folder, data_dir):
+    s = _session(data_dir)
+    ids = _ids(s, folder)
+    per_token = s.backend().kv_stats()["kv_bytes_per_token"]
+    a = ask_many(s.store, s.backend(), "What is the secret password of the harbour master?", ids,
+                 s.sampling(greedy=True, max_tokens=4), memory_budget=400 * per_token)   # one document (~320 tokens) fits
+    d = a.as_dict()
+    holder = s.store.find_documents("minutes1.pdf")[0]["id"]
+    assert [c["doc"] for c in d["considered"]] == [holder]
+    assert "most relevant" in d["note"] and "Minutes 1" in d["note"]
+
+
+def test_cli_asks_a_folder_and_everything(folder, cli):
+    rc, obj, _ = cli("ask", "What is the secret password?", "--folder", str(folder), "--engine", "ellm",
+                     "--kv", "k8v4", "--attention", "sparse", "--ctx", "2048", "--greedy", "--max-tokens", "6",
+                     "--json", json_out=True)
+    assert rc == 0 and len(obj["considered"]) == 3 and obj["timings"]["kv_cache"] in ("hit", "miss")
+    rc, out, err = cli("ask", "What is the secret password?", "--all", "--engine", "ellm", "--kv", "k8v4",
+                       "--attention", "sparse", "--ctx", "2048", "--greedy", "--max-tokens", "6")
+    assert rc == 0 and "Sources:" in out
+    rc, _, err = cli("ask", "Anything?", "--folder", str(folder / "nowhere"))
+    assert rc == 1 and "no ingested documents" in err
