@@ -153,11 +153,11 @@ def test_documents_that_want_more_context_than_fits(tmp_path, smollm2):
     report = hardware_report(one_node_vm(tmp_path), model_path=smollm2, kv="k4v4",
                              doc_tokens=[1_000_000] * 10)
     kv = report["kv"]
-    assert (kv["wanted_context"], kv["max_context"], kv["recommended_context"]) == (1_200_128, 813_312, 813_312)
+    assert (kv["wanted_context"], kv["max_context"], kv["recommended_context"]) == (1_200_128, 836_352, 836_352)
     assert report["warnings"] == [
         "context will not fit in free RAM: the 1,200,128-token context the documents need (95th percentile "
-        "+ 20%) needs 8.3 GiB (7.2 GiB KV cache at 6,480 bytes/token (k4v4) + 0.1 GiB model + 1.0 GiB margin), "
-        "but only 6.0 GiB is free; use at most 813,312 tokens, or free memory by closing other programs"]
+        "+ 20%) needs 8.1 GiB (7.0 GiB KV cache at 6,300 bytes/token (k4v4) + 0.1 GiB model + 1.0 GiB margin), "
+        "but only 6.0 GiB is free; use at most 836,352 tokens, or free memory by closing other programs"]
 
 
 # ---- KV calculator -------------------------------------------------------------
@@ -167,10 +167,11 @@ def test_kv_shape_and_bytes_per_token_of_smollm2(smollm2):
     shape = kvcalc.KVShape.from_gguf(smollm2)
     assert shape == kvcalc.KVShape(n_layers=30, n_kv_heads=3, key_length=64, value_length=64, context_length=8192)
     assert kvcalc.kv_bytes_per_token(shape, "f16") == 2 * 30 * 3 * 64 * 2 == 23040
-    # int8: 1 byte + 2/32 for the f16 scale of each group of 32; int4: 0.5 + 2/32
-    assert kvcalc.kv_bytes_per_token(shape, "k8v8") == 30 * 3 * 64 * (1.0625 + 1.0625) == 12240
-    assert kvcalc.kv_bytes_per_token(shape, "k8v4") == 30 * 3 * 64 * (1.0625 + 0.5625) == 9360
-    assert kvcalc.kv_bytes_per_token(shape, "k4v4") == 30 * 3 * 64 * (0.5625 + 0.5625) == 6480
+    # per layer and KV head: key codes + f16 (lo, hi) per channel per block of 64 (4 bytes/token),
+    # value codes + one f16 scale per token (app/engine/kvformat.py)
+    assert kvcalc.kv_bytes_per_token(shape, "k8v8") == 30 * 3 * ((64 + 4) + (64 + 2)) == 12060
+    assert kvcalc.kv_bytes_per_token(shape, "k8v4") == 30 * 3 * ((64 + 4) + (32 + 2)) == 9180
+    assert kvcalc.kv_bytes_per_token(shape, "k4v4") == 30 * 3 * ((32 + 4) + (32 + 2)) == 6300
     with pytest.raises(ValueError, match="unknown KV setting 'q8_0': use one of f16, k8v8, k8v4, k4v4"):
         kvcalc.kv_bytes_per_token(shape, "q8_0")
 

