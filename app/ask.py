@@ -141,28 +141,13 @@ def ask(store: Store, backend, question: str, doc_ids: list[int], params: Sampli
         plan.used_tokens = sum(p.tokens for p in plan.pages)
     tokens, n_prefix = prompt.tokens, len(prompt.prefix)
 
-    pieces: list[str] = []
-    cancelled = False
-
-    def stop_now() -> bool:
-        nonlocal cancelled
-        if cancel is not None and cancel():
-            cancelled = True
-        return cancelled
-
+    stream = AnswerStream(backend, params, cancel, on_text, t_start)
     t_prefix = time.perf_counter()
     caches = caches or DocCaches(store, store_cache_dir(store))
-    kv_cache = caches.prepare(backend, doc_ids[0] if len(doc_ids) == 1 else None, tokens[:n_prefix], stop_now)
+    kv_cache = caches.prepare(backend, doc_ids[0] if len(doc_ids) == 1 else None, tokens[:n_prefix], stream.stop_now)
     prefix_s = time.perf_counter() - t_prefix
-    first_token_s = None
-    if kv_cache is not None:
-        for piece in stream_text(backend, backend.generate(tokens, params, stop_now), params.stop):
-            if first_token_s is None:
-                first_token_s = time.perf_counter() - t_start
-            pieces.append(piece)
-            if on_text:
-                on_text(piece)
-    text = "".join(pieces).strip()
+    text = stream.run(tokens) if kv_cache is not None else ""
+    cancelled, first_token_s = stream.cancelled, stream.first_token_s
     stats = backend.stats
     timings = stats.as_dict()
     timings["kv_cache"] = kv_cache or "miss"
@@ -177,6 +162,33 @@ def ask(store: Store, backend, question: str, doc_ids: list[int], params: Sampli
         result.answer_id = store.add_answer(list(doc_ids), question, text, citations, model_name,
                                             backend.name, timings)
     return result
+
+
+class AnswerStream:
+    """Generates an answer from prompt tokens, streaming its text to ``on_text`` and noting
+    when the first piece came (seconds after ``t_start``) and whether ``cancel`` stopped it."""
+
+    def __init__(self, backend, params: SamplingParams, cancel, on_text, t_start: float):
+        self.backend, self.params, self.cancel, self.on_text = backend, params, cancel, on_text
+        self.t_start = t_start
+        self.cancelled = False
+        self.first_token_s: float | None = None
+
+    def stop_now(self) -> bool:
+        if self.cancel is not None and self.cancel():
+            self.cancelled = True
+        return self.cancelled
+
+    def run(self, tokens: list[int]) -> str:
+        pieces = []
+        for piece in stream_text(self.backend, self.backend.generate(tokens, self.params, self.stop_now),
+                                 self.params.stop):
+            if self.first_token_s is None:
+                self.first_token_s = time.perf_counter() - self.t_start
+            pieces.append(piece)
+            if self.on_text:
+                self.on_text(piece)
+        return "".join(pieces).strip()
 
 
 def cite(store: Store, answer: str, question: str, plan: ContextPlan) -> list[dict]:

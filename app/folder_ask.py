@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.ask import Answer, AskError, Prompt, ask, build_prompt, cite
+from app.ask import Answer, AnswerStream, AskError, Prompt, ask, build_prompt, cite
 from app.attended import attended_across
 from app.doccache import DocCaches, store_cache_dir
-from app.engine.backend import SamplingParams, stream_text
+from app.engine.backend import SamplingParams
 from app.models import mem_available
 from app.prompting import ContextPlan, PageText, format_pages, load_pages, token_counter
 from app.store import Store
@@ -83,23 +83,9 @@ def ask_many(store: Store, backend, question: str, doc_ids: list[int], params: S
 
     first = considered[0].prompt
     prompt = first.prefix + [t for p in considered[1:] for t in p.prompt.doc] + first.suffix
-    pieces: list[str] = []
-    cancelled = False
-
-    def stop_now() -> bool:
-        nonlocal cancelled
-        if cancel is not None and cancel():
-            cancelled = True
-        return cancelled
-
-    first_token_s = None
-    for piece in stream_text(backend, backend.generate(prompt, params, stop_now), params.stop):
-        if first_token_s is None:
-            first_token_s = time.perf_counter() - t_start
-        pieces.append(piece)
-        if on_text:
-            on_text(piece)
-    text = "".join(pieces).strip()
+    stream = AnswerStream(backend, params, cancel, on_text, t_start)
+    text = stream.run(prompt)
+    cancelled, first_token_s = stream.cancelled, stream.first_token_s
     timings = backend.stats.as_dict()
     timings["kv_cache"] = "hit" if all(s == "hit" for s in statuses) else "miss"
     timings["compose_s"] = round(compose_s, 4)
