@@ -128,11 +128,13 @@ def _add_bias(x, bias):
 
 
 @njit(cache=True, nogil=True)
-def _qkv_bias_rope(q, k, v, bq, bk, bv, cos, sin, neox):
+def _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox):
     """In place, in llama.cpp's order (src/llama-graph.cpp build_qkv, then ggml_rope_ext):
-    add the q/k/v biases (ggml_add), then rope q and k.
+    add the q/k/v biases (ggml_add), then rope k by the angles given. The blocked cache calls
+    this alone (k rotated by each key's offset inside its block, q left for the attention
+    kernel to place: app/engine/blockkv.py).
 
-    q  # (T, H*HD) float32      k, v  # (T, KVH*HD) float32
+    q  # (T, H*HD) float32      k, v  # (T, KVH*HD) float32      cos, sin  # (T, HD/2) float32
     bq # (H*HD,) or (0,)        bk, bv  # (KVH*HD,) or (0,)
     """
     n_tok = q.shape[0]
@@ -140,24 +142,15 @@ def _qkv_bias_rope(q, k, v, bq, bk, bv, cos, sin, neox):
     _add_bias(q, bq)
     _add_bias(k, bk)
     _add_bias(v, bv)
-    _rope_heads(q.reshape(n_tok, q.shape[1] // head_dim, head_dim), cos, sin, neox)
     _rope_heads(k.reshape(n_tok, k.shape[1] // head_dim, head_dim), cos, sin, neox)
 
 
 @njit(cache=True, nogil=True)
-def _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox):
-    """The blocked cache's variant: biases as above, then only k is rotated, by the angles
-    given (each key's offset inside its block); q stays unrotated for the attention kernel
-    to place (app/engine/blockkv.py).
-
-    q  # (T, H*HD)   k, v  # (T, KVH*HD)   cos, sin  # (T, HD/2) float32
-    """
-    n_tok = q.shape[0]
+def _qkv_bias_rope(q, k, v, bq, bk, bv, cos, sin, neox):
+    """_qkv_bias_rope_keys, then q roped by the same angles (the dense cache's case)."""
+    _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox)
     head_dim = 2 * cos.shape[1]
-    _add_bias(q, bq)
-    _add_bias(k, bk)
-    _add_bias(v, bv)
-    _rope_heads(k.reshape(n_tok, k.shape[1] // head_dim, head_dim), cos, sin, neox)
+    _rope_heads(q.reshape(q.shape[0], q.shape[1] // head_dim, head_dim), cos, sin, neox)
 
 
 # ---- RoPE tables ------------------------------------------------------------------------
