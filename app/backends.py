@@ -53,7 +53,7 @@ _cache: dict[tuple, object] = {}
 
 # llama.cpp's KV types for our KV settings (ggml_type ids: f16 1, q8_0 8, q4_0 2); quantized
 # V needs its flash-attention path.
-_LLAMACPP_KV = {"f16": (1, 1), "k8v8": (8, 8), "k8v4": (8, 2), "k4v4": (2, 2)}
+LLAMACPP_KV_TYPES = {"f16": (1, 1), "k8v8": (8, 8), "k8v4": (8, 2), "k4v4": (2, 2)}
 
 
 def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, numa: str = "distribute",
@@ -68,8 +68,8 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
     chosen = choose_engine(engine, model_path)
     plan = thread_plan(threads, numa)
     threads = plan.count
-    if kv not in _LLAMACPP_KV:
-        raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(_LLAMACPP_KV)}")
+    if kv not in LLAMACPP_KV_TYPES:
+        raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(LLAMACPP_KV_TYPES)}")
     key = (chosen, str(model_path), n_ctx, threads, numa) + ((kv, attention) if chosen == "ellm" else (kv,))
     with _open_lock:
         if key in _cache:
@@ -83,7 +83,7 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
 
             # llama.cpp runs its own threads: the plan maps onto n_threads and its numa option.
             # Its attention is always dense; the KV setting maps onto its cache types.
-            type_k, type_v = _LLAMACPP_KV[kv]
+            type_k, type_v = LLAMACPP_KV_TYPES[kv]
             backend = LlamaCppBackend(str(model_path), n_ctx=n_ctx, type_k=type_k, type_v=type_v,
                                       flash_attn=kv != "f16", **llamacpp_kwargs(plan))
         else:

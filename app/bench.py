@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from app.backends import LLAMACPP_KV_TYPES  # llama.cpp's cache types per KV setting
 from app.engine.backend import SamplingParams
 
 if TYPE_CHECKING:
@@ -35,9 +36,6 @@ _FILLER = (
     "along the harbour, and the boats come home with the tide. "
 )
 
-# llama.cpp's KV cache types for our KV settings, as ggml type ids (= gguf GGMLQuantizationType:
-# F16 1, Q8_0 8, Q4_0 2); the same table as app/backends.py's. Quantized V needs flash attention.
-LLAMACPP_KV_TYPES = {"f16": (1, 1), "k8v8": (8, 8), "k8v4": (8, 2), "k4v4": (2, 2)}
 BASELINE = ("llamacpp", "f16", "dense")   # (engine, kv, attention) every result is compared with
 SPARSE_OPTIONS = ("sinks", "window", "top_k", "dense_layers", "reselect")
 
@@ -131,7 +129,8 @@ def model_bytes(model_path: Path) -> dict:
 
 def kv_bytes_per_token(model_path: Path, kv: str) -> int:
     """KV bytes each cached token adds (the engine's KV calculator, from GGUF metadata)."""
-    from app.engine.kvcalc import KVShape, kv_bytes_per_token as per_token
+    from app.engine.kvcalc import KVShape
+    from app.engine.kvcalc import kv_bytes_per_token as per_token
 
     return per_token(KVShape.from_gguf(model_path), kv)
 
@@ -182,15 +181,24 @@ def filler_prompt(backend, n_tokens: int, salt: int = 0) -> list[int]:
 def measure(backend, context: int, steps: int, salt: int = 0) -> tuple[float, float, int]:
     """(prefill tok/s, decode tok/s median over steps, steps done) at ``context``."""
     prompt = filler_prompt(backend, context, salt)
+    t0, stamps = timed_tokens(backend, prompt, steps)
+    return context / (stamps[0] - t0), decode_rate(stamps), len(stamps)
+
+
+def timed_tokens(backend, prompt: list[int], steps: int) -> tuple[float, list[float]]:
+    """Generate ``steps`` tokens past end-of-generation; (start time, time of each token)."""
     params = replace(SamplingParams.make_greedy(steps), ignore_eos=True)
     stamps = []
     t0 = time.perf_counter()
     for _ in backend.generate(prompt, params):
         stamps.append(time.perf_counter())
-    prefill = context / (stamps[0] - t0)
+    return t0, stamps
+
+
+def decode_rate(stamps: list[float]) -> float:
+    """Decode tokens/s: 1 / the median time between tokens (the first comes from prefill)."""
     steps_s = np.diff(stamps)  # (steps - 1,) seconds per decode step
-    decode = 1.0 / statistics.median(steps_s) if len(steps_s) else 0.0
-    return prefill, decode, len(stamps)
+    return float(1.0 / statistics.median(steps_s)) if len(steps_s) else 0.0
 
 
 def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bool = True,

@@ -20,13 +20,14 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.engine.backend import SamplingParams
+from app.passkey import HEADER, NEEDLE, QUESTION
+from app.passkey import SENTENCES as _SENTENCES
 
 # The pass key test's wording (app/passkey.py), which SmolLM2 answers in a single document.
-from app.passkey import HEADER, NEEDLE, QUESTION, SENTENCES as _SENTENCES  # noqa: E402
 
 
 def needle_sentence(key: int) -> str:
@@ -124,7 +125,7 @@ def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleRe
             planted_file = work / "planted.kv"
             # The tokens before the key are the filler's: resume from its file, prefill the rest.
             load(backend.cache, filler_file, meta)
-            backend.ensure_prefix(header + planted, save=lambda c: save(c, planted_file, meta))
+            backend.ensure_prefix(header + planted, save=lambda c, f=planted_file: save(c, f, meta))
             t0 = time.perf_counter()
             cache = backend.cache
             files = [planted_file if i == doc else filler_file for i in range(cfg.n_docs)]
@@ -156,12 +157,10 @@ def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleRe
 
 
 def _decode_speed(backend, prompt: list[int], steps: int) -> tuple[float, int]:
-    params = replace(SamplingParams.make_greedy(steps), ignore_eos=True)
-    stamps = []
-    for _ in backend.generate(prompt, params):
-        stamps.append(time.perf_counter())
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return (1.0 / statistics.median(gaps) if gaps else 0.0), backend.kv_stats()["kv_read_bytes_per_token"]
+    from app.bench import decode_rate, timed_tokens
+
+    _, stamps = timed_tokens(backend, prompt, steps)
+    return decode_rate(stamps), backend.kv_stats()["kv_read_bytes_per_token"]
 
 
 def _baseline(cfg: NeedleConfig, rng: random.Random, progress) -> dict:
@@ -187,17 +186,12 @@ def _baseline(cfg: NeedleConfig, rng: random.Random, progress) -> dict:
 
 
 def _llamacpp_decode(cfg: NeedleConfig, progress) -> dict:
-    from app.bench import filler_prompt
+    from app.bench import measure
     from app.engine.llamacpp_backend import LlamaCppBackend
 
     progress(f"llama.cpp dense decode at {cfg.llamacpp_context} tokens")
     backend = LlamaCppBackend(str(cfg.model_path), n_ctx=cfg.llamacpp_context + cfg.decode_steps + 8,
                               n_threads=cfg.threads or None)
-    prompt = filler_prompt(backend, cfg.llamacpp_context)
-    params = replace(SamplingParams.make_greedy(cfg.decode_steps), ignore_eos=True)
-    stamps = []
-    for _ in backend.generate(prompt, params):
-        stamps.append(time.perf_counter())
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    _, decode, _ = measure(backend, cfg.llamacpp_context, cfg.decode_steps)
     backend.close()
-    return {"context": cfg.llamacpp_context, "decode_tok_s": round(1.0 / statistics.median(gaps), 2) if gaps else 0.0}
+    return {"context": cfg.llamacpp_context, "decode_tok_s": round(decode, 2)}

@@ -30,7 +30,7 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg
 
     rope: the model's RopeTables (cos/sin by position).
     """
-    n_tok, n_heads, head_dim = q.shape
+    n_tok, _, head_dim = q.shape
     n = pos0 + n_tok
     cos, sin = rope.rows(0, n + 1)
     sel = _selection(cache, layer, q, pos0, cfg, cos, sin, neox)
@@ -96,7 +96,7 @@ def _decode(q, a, cache: BlockKVCache, n, n_limit, sel: Selection, cos, sin, neo
 def _key_scores(kc, kb, bits, qr, qs, n_valid, scale, s):
     """s[j] = (qr . key_j) * scale for the first n_valid tokens of one block.
 
-    kc  # (B, HD|HD/2) codes;  kb  # (2, HD) uint16 bounds;  qr, qs  # (HD,) float32
+    kc  # (B, HD|HD/2) codes;  kb  # (2, HD) uint16 bounds (unused for f16);  qr, qs  # (HD,) float32
     """
     head_dim = qr.shape[0]
     half = head_dim // 2
@@ -129,17 +129,6 @@ def _key_scores(kc, kb, bits, qr, qs, n_valid, scale, s):
 
 
 @njit(inline="always")
-def _tail_scores(tk, qr, n_valid, scale, s):
-    """_key_scores for the f16 tail block: tk (B, HD) uint16."""
-    head_dim = qr.shape[0]
-    for j in range(n_valid):
-        acc = np.float32(0.0)
-        for d in range(head_dim):
-            acc += qr[d] * f16_to_f32(tk[j, d])
-        s[j] = acc * scale
-
-
-@njit(inline="always")
 def _add_values(vc, vs, bits, p, n_valid, acc):
     """acc (HD,) += sum_j p[j] value_j over one block's first n_valid tokens."""
     head_dim = acc.shape[0]
@@ -169,15 +158,6 @@ def _add_values(vc, vs, bits, p, n_valid, acc):
                 acc[d + half] += w * np.float32(c >> 4)
         for d in range(head_dim):
             acc[d] -= total * np.float32(8.0)
-
-
-@njit(inline="always")
-def _tail_values(tv, p, n_valid, acc):
-    head_dim = acc.shape[0]
-    for j in range(n_valid):
-        pj = p[j]
-        for d in range(head_dim):
-            acc[d] += pj * f16_to_f32(tv[j, d])
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
@@ -229,7 +209,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 hq = h * group + g
                 _rotate_vec(q[hq], cos[rel], sin[rel], neox, qr)
                 if b >= n_full:
-                    _tail_scores(tail_k[h], qr, n_valid, scale, s)
+                    _key_scores(tail_k[h], tail_k[h], 16, qr, qs, n_valid, scale, s)   # f16: no bounds read
                 elif b < nb_base:
                     _key_scores(bkc[h, b], bkb[h, b], k_bits, qr, qs, n_valid, scale, s)
                 else:
@@ -254,7 +234,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 for j in range(n_valid):
                     s[j] *= w
                 if b >= n_full:
-                    _tail_values(tail_v[h], s, n_valid, acc[g])
+                    _add_values(tail_v[h], tail_v[h, 0], 16, s, n_valid, acc[g])      # f16: no scales read
                 elif b < nb_base:
                     _add_values(bvc[h, b], bvs[h, b], v_bits, s, n_valid, acc[g])
                 else:
