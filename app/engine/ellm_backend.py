@@ -230,9 +230,9 @@ def _apply_threads(plan) -> None:
     """Apply the plan in the calling thread; a bare count (or None) when threads.py could not
     plan, e.g. on a machine whose /sys we cannot read."""
     if plan is None or isinstance(plan, int):
-        if plan:
-            import numba
-            numba.set_num_threads(min(plan, numba.config.NUMBA_NUM_THREADS))
+        # unpinned: undo any earlier apply in this process, or this run would stay pinned
+        from .threads import unpin
+        unpin(plan or 0)
         return
     from .threads import apply
     apply(plan)

@@ -30,6 +30,9 @@ Pinning (``apply``), measured on this project's machine with numba 0.68:
   * numba's thread count is per calling thread, and with ``omp`` each calling thread gets
     its own team: call ``apply(plan)`` in the thread that runs the engine (the decode
     worker), not in the GUI thread. Repeated calls with the same plan are cheap.
+  * pinning lasts until ``unpin()``, which gives every thread the process's startup CPUs
+    back. An unpinned engine should call it: otherwise a run after a pinned one in the same
+    process (``ellm bench --pin on,off``) is pinned too, caller on ``plan.cpus[0]``.
 """
 from __future__ import annotations
 
@@ -360,7 +363,8 @@ class AppliedThreads:
 
 
 _local = threading.local()      # per thread: (plan, generation, AppliedThreads) last applied
-_generation = 0                 # bumped by every apply that changed the process's affinity
+_generation = 0                 # bumped by every apply (and unpin) that changed the process's affinity
+_pinned = False                 # an apply has pinned threads since the last unpin
 _blas_limiter = None
 
 
@@ -389,7 +393,7 @@ def apply(plan: ThreadPlan) -> AppliedThreads:
 
     Call it in the thread that will run the engine's kernels (see the module docstring).
     """
-    global _blas_limiter, _generation
+    global _blas_limiter, _generation, _pinned
     cached = getattr(_local, "applied", None)
     if cached is not None and cached[:2] == (plan, _generation):
         return cached[2]      # nothing changed since this thread applied this plan
@@ -400,6 +404,7 @@ def apply(plan: ThreadPlan) -> AppliedThreads:
                          "machine's topology (--sysfs-root)?")
     notes: list[str] = []
     _restrict_process(plan.cpus)
+    _pinned = True
 
     n = min(plan.count, numba.config.NUMBA_NUM_THREADS)
     if n < plan.count:
@@ -407,7 +412,9 @@ def apply(plan: ThreadPlan) -> AppliedThreads:
     numba.set_num_threads(n)
 
     from threadpoolctl import threadpool_limits
-    _blas_limiter = threadpool_limits(limits=plan.count, user_api="blas")
+    limiter = threadpool_limits(limits=plan.count, user_api="blas")
+    if _blas_limiter is None:
+        _blas_limiter = limiter      # the first one remembers the counts unpin() gives back
 
     _warm_up(n)        # starts the threading layer, so we can ask which one it is
     layer = numba.threading_layer()
@@ -436,3 +443,30 @@ def apply(plan: ThreadPlan) -> AppliedThreads:
     _generation += 1      # the process-wide affinity changed: other threads must re-apply
     _local.applied = (plan, _generation, applied)
     return applied
+
+
+def unpin(threads: int = 0) -> None:
+    """Undo ``apply``: every thread may run on the CPUs the process started with again.
+
+    For an unpinned engine (``EllmBackend(pin=False)``, ``ellm bench --pin off``), in place
+    of ``apply``: pinning outlives the engine that asked for it. After ``apply`` the calling
+    thread is worker 0, held on ``plan.cpus[0]``, and each worker on its own CPU; setting
+    only numba's thread count leaves them there, so a later unpinned run in the same process
+    (``ellm bench --pin on,off``) is measured pinned, and every thread the caller starts
+    later (a llama.cpp pool, a worker thread) inherits its single CPU. ``threads``: numba's
+    thread count for the calling thread (0: leave it). The BLAS libraries get back the
+    thread counts they had. Threads that had applied a plan pin afresh on their next
+    ``apply``. Cheap when nothing is pinned, so it may be called before every generation.
+    """
+    global _blas_limiter, _generation, _pinned
+    if threads:
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    _local.applied = None
+    if not _pinned:
+        return
+    _restrict_process(tuple(sorted(_STARTUP_CPUS)))
+    if _blas_limiter is not None:
+        _blas_limiter.restore_original_limits()
+        _blas_limiter = None
+    _generation += 1      # every thread's cached apply is stale: its threads are no longer pinned
+    _pinned = False

@@ -187,3 +187,12 @@ def llamacpp_exact_matmul(monkeypatch):
 
     monkeypatch.setattr(QMatrix, "matvec", matvec)
     monkeypatch.setattr(QMatrix, "matmul", matmul)
+
+
+@pytest.fixture(autouse=True)
+def _unpinned_after_each_test():
+    """An engine built with the default plan pins pytest's main thread to one CPU; a later
+    test (or a child process, which inherits the affinity) would then run on that CPU alone."""
+    yield
+    from app.engine.threads import unpin
+    unpin()

@@ -179,8 +179,9 @@ PIN_SCRIPT = textwrap.dedent("""
     # A child inherits its parent's affinity: the test process may have been pinned by an
     # engine test that ran before. Start from every online CPU, as a fresh `ellm` would.
     os.sched_setaffinity(0, range(os.cpu_count()))
+    import threading
     import numba, numpy as np
-    from app.engine.threads import apply, plan_threads
+    from app.engine.threads import apply, current_plan, plan_threads, unpin
     from app.engine.topology import read_topology, parse_cpulist
 
     sched_getcpu = ctypes.CDLL(None).sched_getcpu
@@ -203,21 +204,28 @@ PIN_SCRIPT = textwrap.dedent("""
                     out[status.split("/")[4]] = list(parse_cpulist(line.split(":", 1)[1]))
         return out
 
-    results = []
-    for threads in map(int, sys.argv[1:]):
-        plan = plan_threads(read_topology(), threads=threads)
+    # each argument: a thread count to plan and apply, or "unpin" (undo the last apply)
+    results, plan = [], None
+    for step in sys.argv[1:]:
+        if step == "unpin":
+            unpin(plan.count)
+            results.append({"numba_threads": numba.get_num_threads(), "tasks": tasks(),
+                            "plan_forgotten": current_plan() is None})
+            continue
+        plan = plan_threads(read_topology(), threads=int(step))
         applied = apply(plan)
         results.append({"plan": list(plan.cpus), "numba_threads": numba.get_num_threads(),
                          "layer": applied.threading_layer, "pinned": applied.pinned,
                          "notes": list(applied.notes), "tasks": tasks(),
+                         "caller": threading.get_native_id(),
                          "ran_on": [where(plan.count).tolist() for _ in range(5)]})
     print(json.dumps(results))
 """)
 
 
-def run_pin_script(*threads: int, env_extra=None) -> list[dict]:
+def run_pin_script(*steps: int | str, env_extra=None) -> list[dict]:
     env = dict(os.environ, **(env_extra or {}))
-    proc = subprocess.run([sys.executable, "-c", PIN_SCRIPT, *map(str, threads)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-c", PIN_SCRIPT, *map(str, steps)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -246,6 +254,41 @@ def test_apply_restricts_every_thread_and_pins_each_worker():
             assert set(cpus) <= set(plan)                   # every other thread inside the plan
     # and the work of worker t really runs on plan.cpus[t], every time
     assert full["ran_on"] == [plan] * 5
+
+
+def test_the_caller_is_worker_0_on_its_own_cpu():
+    """With the omp layer the thread that calls a kernel runs chunk 0 itself: it must be
+    pinned like any worker, to plan.cpus[0], and no other pinned worker may share its CPU
+    (two busy threads on one core while another idles halves the speed)."""
+    if len(plan_threads(read_topology()).cpus) < 2:
+        pytest.skip("needs two physical cores")
+    (result,) = run_pin_script(0)
+    if result["layer"] != "omp":
+        pytest.skip(f"numba's {result['layer']} layer runs kernels on its own pool, not in the caller")
+    plan, caller = result["plan"], str(result["caller"])
+    pinned = {str(tid): cpu for tid, cpu in result["pinned"]}
+    assert pinned.get(caller) == plan[0], (caller, result["pinned"], result["notes"])
+    assert result["tasks"][caller] == [plan[0]]
+    assert sorted(pinned.values()) == sorted(plan)          # one CPU each, all distinct
+
+
+def test_unpin_gives_every_thread_its_cpus_back_and_apply_pins_again():
+    """A pinned run leaves its caller on one CPU; an unpinned run after it in the same process
+    (ellm bench --pin on,off) must really run unpinned, and a pinned one after that pinned."""
+    if len(plan_threads(read_topology()).cpus) < 2:
+        pytest.skip("needs two physical cores")
+    pinned, unpinned, again = run_pin_script(0, "unpin", 0)
+    everywhere = list(range(os.cpu_count()))                # the script starts on every CPU
+    assert len(pinned["pinned"]) == len(pinned["plan"]) >= 2
+    assert unpinned["numba_threads"] == len(pinned["plan"])
+    assert unpinned["plan_forgotten"]
+    assert set(unpinned["tasks"]) >= {str(tid) for tid, _ in pinned["pinned"]}
+    assert all(cpus == everywhere for cpus in unpinned["tasks"].values()), unpinned["tasks"]
+    # the same plan again in the same thread: pinned afresh, not answered from the cache
+    assert again["notes"] == []
+    assert [c for _, c in again["pinned"]] == again["plan"] == pinned["plan"]
+    assert all(again["tasks"][str(tid)] == [cpu] for tid, cpu in again["pinned"]), again["tasks"]
+    assert again["ran_on"] == [again["plan"]] * 5
 
 
 def test_apply_pins_with_the_workqueue_layer_too():
