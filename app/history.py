@@ -1,4 +1,5 @@
 """The answer history a person browses: past questions per document, searchable.
+An answer asked across several documents is stored once and listed under each of them.
 
 A thin, Qt-free layer over ``Store.answers`` (FTS5 over questions and answers)
 that the window and any other front end share.
@@ -32,9 +33,10 @@ class PastAnswer:
                    attended=row.get("attended") or [])
 
     def label(self) -> str:
-        """One line for a list: when, and the question."""
+        """One line for a list: when, the question, and how many documents when several."""
         when = self.created_at[:16].replace("T", " ")
-        return f"{when}  {self.question}"
+        across = f"  ({len(self.doc_ids)} documents)" if len(self.doc_ids) > 1 else ""
+        return f"{when}  {self.question}{across}"
 
 
 def history(store: Store, doc_id: int, search: str = "", limit: int = 100) -> list[PastAnswer]:

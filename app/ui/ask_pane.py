@@ -1,5 +1,6 @@
-"""The ask pane: a question, the streamed answer with its citations and timings,
-and the searchable history of earlier answers about the selected document."""
+"""The ask pane: what to ask about (the selected documents, a folder, everything), a
+question, the streamed answer with its citations and timings, and the searchable
+history of earlier answers about the document in the viewer."""
 from __future__ import annotations
 
 import html
@@ -7,12 +8,13 @@ import re
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtWidgets import (
-    QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSplitter, QTextBrowser,
+    QComboBox, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSplitter, QTextBrowser,
     QVBoxLayout, QWidget,
 )
 
+from app.ask_target import KINDS, SELECTED, AskTarget, scope_note
 from app.history import PastAnswer
-from app.ui.widgets import info_label
+from app.ui.widgets import ElidedLabel, info_label
 
 PASSAGE_PREVIEW = 220
 SEARCH_DELAY_MS = 250
@@ -43,6 +45,8 @@ class AskPane(QWidget):
     """A citation was activated: (document id, page, passage to highlight)."""
     sig_history_search = Signal(str)
     """The history search text changed (debounced); "" lists every answer."""
+    sig_target_changed = Signal(str)
+    """The person chose what to ask about: a kind of app.ask_target (selected, folder, everything)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -52,8 +56,17 @@ class AskPane(QWidget):
         self._shown_citations: list[dict] = []
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
-        self.target = info_label("Select a document in the library", "heading", wrap=False)
-        layout.addWidget(self.target)
+        top = QHBoxLayout()
+        self.target = QComboBox()
+        self.target.setObjectName("target")
+        self.target.setToolTip("What to ask about")
+        for kind, label in KINDS.items():
+            self.target.addItem(label, kind)
+        self.target.currentIndexChanged.connect(lambda _: self.sig_target_changed.emit(self.target_kind()))
+        self.heading = ElidedLabel("Select a document in the library", "heading")
+        top.addWidget(self.target)
+        top.addWidget(self.heading, 1)
+        layout.addLayout(top)
         row = QHBoxLayout()
         self.question = QLineEdit()
         self.question.setObjectName("question")
@@ -143,25 +156,34 @@ class AskPane(QWidget):
 
     # ---- Public API --------------------------------------------------------
 
-    def set_target(self, ids: list[int], titles: dict[int, str]) -> None:
+    def target_kind(self) -> str:
+        """What the person chose to ask about (a kind of app.ask_target)."""
+        return self.target.currentData()
+
+    def set_target_kind(self, kind: str) -> None:
+        self.target.setCurrentIndex(max(self.target.findData(kind), 0))
+
+    def show_target(self, target: AskTarget, titles: dict[int, str]) -> None:
+        """Show what a question would be asked about."""
         self.titles = titles
-        if not ids:
-            self.target.setText("Select a document in the library")
-        else:
-            self.target.setText("Ask about: " + "; ".join(titles.get(i, str(i)) for i in ids))
+        self.heading.setText(target.heading)
+        self.heading.setToolTip(target.detail)
+        many = len(target.doc_ids) > 1 or (target.kind != SELECTED and not target.doc_ids)
+        self.question.setPlaceholderText("Ask about these documents…" if many
+                                         else "Ask a question about the whole document…")
 
     def set_busy(self, busy: bool) -> None:
         self.ask_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
 
-    def begin(self, question: str) -> None:
+    def begin(self, question: str, n_docs: int = 1) -> None:
         self._text = ""
         self.answer.setHtml(f"<p><b>{html.escape(question)}</b></p>")
         self.citations.clear()
         self.attended.clear()
         self._show_attended(False)
         self.note.setVisible(False)
-        self.stats.setText("Reading the document…")
+        self.stats.setText("Reading the document…" if n_docs == 1 else f"Reading {n_docs} documents…")
         self._question = question
 
     def append(self, piece: str) -> None:
@@ -192,7 +214,7 @@ class AskPane(QWidget):
 
     def show_past(self, past: PastAnswer) -> None:
         self.show_answer(past.question, past.answer, past.citations, past.timings, self.titles,
-                         attended=past.attended)
+                         note=scope_note(past.doc_ids, self.titles), attended=past.attended)
 
     def set_history(self, entries: list[PastAnswer], select_id: int | None = None) -> None:
         self.history.clear()

@@ -2,7 +2,7 @@
 and the watcher that notices when files in those folders change."""
 from __future__ import annotations
 
-from PySide6.QtCore import QFileSystemWatcher, QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QFileSystemWatcher, QItemSelectionModel, QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton, QTableWidget,
     QTableWidgetItem, QToolButton, QVBoxLayout, QWidget,
@@ -65,6 +65,7 @@ class LibraryPane(QWidget):
         self.table.setObjectName("library")
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.ExtendedSelection)  # Ctrl/Shift-click: ask about several
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         self.table.setWordWrap(False)
@@ -123,7 +124,7 @@ class LibraryPane(QWidget):
     def set_documents(self, docs: list[dict]) -> None:
         """Every stored document; the table shows those of the chosen folder."""
         self.docs = docs
-        selected = self.selected_ids()
+        selected, current = self.selected_ids(), self.current_id()
         shown = documents_in(docs, self.chosen_folder())
         self.table.blockSignals(True)
         self.table.clearSelection()
@@ -142,9 +143,7 @@ class LibraryPane(QWidget):
                 elif d["status"] == "missing":
                     item.setForeground(Qt.gray)
                 self.table.setItem(r, c, item)
-        for r, d in enumerate(shown):
-            if d["id"] in selected:
-                self.table.selectRow(r)
+        self._restore_selection(shown, selected, current)
         self.table.blockSignals(False)
         if self.selected_ids() != selected:
             self._selection_changed()
@@ -154,6 +153,14 @@ class LibraryPane(QWidget):
     def selected_ids(self) -> list[int]:
         rows = sorted({i.row() for i in self.table.selectedItems()})
         return [self.table.item(r, 0).data(Qt.UserRole) for r in rows]
+
+    def current_id(self) -> int | None:
+        """The document the viewer shows: the selected row last clicked, else the first selected."""
+        row = self.table.currentRow()
+        if row >= 0 and self.table.item(row, 0) is not None and self.table.item(row, 0).isSelected():
+            return self.table.item(row, 0).data(Qt.UserRole)
+        ids = self.selected_ids()
+        return ids[0] if ids else None
 
     def select_id(self, doc_id: int) -> None:
         for attempt in range(2):
@@ -192,9 +199,19 @@ class LibraryPane(QWidget):
         if folder:
             self.sig_remove_folder.emit(folder)
 
+    def _restore_selection(self, shown: list[dict], selected: list[int], current: int | None) -> None:
+        """Select the rows of ``selected`` again (all of them: selectRow would keep only the
+        last) and make ``current`` the current row, as they were before the table was refilled."""
+        model, selection = self.table.model(), self.table.selectionModel()
+        for r, d in enumerate(shown):
+            if d["id"] == current:
+                selection.setCurrentIndex(model.index(r, 0), QItemSelectionModel.NoUpdate)
+            if d["id"] in selected:
+                selection.select(model.index(r, 0), QItemSelectionModel.Select | QItemSelectionModel.Rows)
+
     def _show_details(self) -> None:
-        ids = self.selected_ids()
-        doc = next((d for d in self.docs if ids and d["id"] == ids[0]), None)
+        current = self.current_id()
+        doc = next((d for d in self.docs if d["id"] == current), None)
         if doc is None:
             self.details.setText("")
             return

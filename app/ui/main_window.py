@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt, QThreadPool
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget, QToolBar
 
+from app.ask_target import AskTarget, resolve, scope_note
 from app.history import PastAnswer, history, latest
 from app.live import LiveRate
 from app.session import Session
@@ -65,6 +66,7 @@ class MainWindow(QMainWindow):
         self._build_actions()
 
         self.library.sig_selection_changed.connect(self.selection_changed)
+        self.library.folder_filter.currentIndexChanged.connect(self.update_target)
         self.library.sig_open_folder.connect(self.choose_folder)
         self.library.sig_remove_folder.connect(self.remove_folder)
         self.library.cancel_button.clicked.connect(self.cancel_ingest)
@@ -72,6 +74,7 @@ class MainWindow(QMainWindow):
         self.ask_pane.sig_stop.connect(self.stop)
         self.ask_pane.sig_citation.connect(self.show_citation)
         self.ask_pane.sig_history_search.connect(self.search_history)
+        self.ask_pane.sig_target_changed.connect(self.update_target)
         self.watcher.sig_changed.connect(self.folders_changed)
         for pane in (self.summary_pane, self.hardware_tab):
             pane.sig_error.connect(self.show_error)
@@ -112,6 +115,7 @@ class MainWindow(QMainWindow):
         self.docs = self.session.store.documents()
         self.library.set_folders(folders)
         self.library.set_documents(self.docs)
+        self.update_target()
         if watch:
             self.watcher.watch(folders)
 
@@ -171,10 +175,21 @@ class MainWindow(QMainWindow):
             self.ingest_job.cancel()
             self.library.current.setText("Stopping after the current file…")
 
+    def ask_target(self) -> AskTarget:
+        """What a question asked now would be about: the choice in the ask pane, applied to
+        the library's selection, its current document and its chosen folder."""
+        return resolve(self.ask_pane.target_kind(), self.docs, self.library.selected_ids(),
+                       self.library.current_id(), self.library.chosen_folder())
+
+    def update_target(self) -> AskTarget:
+        target = self.ask_target()
+        self.ask_pane.show_target(target, self.titles())
+        return target
+
     def selection_changed(self, ids: list[int]) -> None:
-        titles = self.titles()
-        self.ask_pane.set_target(ids, titles)
-        first = self.document(ids[0]) if ids else None
+        self.update_target()
+        current = self.library.current_id()
+        first = self.document(current) if current is not None else None
         if first is None or self.viewer.doc_id != first["id"]:
             self.viewer.show_document(first)
         if self.summary_pane.doc is None or first is None or self.summary_pane.doc["id"] != first["id"]:
@@ -187,37 +202,46 @@ class MainWindow(QMainWindow):
             self.ask_pane.show_past(entries[0])
 
     def search_history(self, text: str) -> list[PastAnswer]:
-        """The selected document's earlier answers matching ``text`` (all for ""), shown in the list."""
-        ids = self.library.selected_ids()
-        entries = history(self.session.store, ids[0], text) if ids else []
+        """The current document's earlier answers matching ``text`` (all for ""), shown in the
+        list; answers asked across several documents are listed under each of them."""
+        current = self.library.current_id()
+        entries = history(self.session.store, current, text) if current is not None else []
         self.ask_pane.set_history(entries)
         return entries
 
     def ask(self, question: str) -> Job | None:
+        """Ask ``question`` about the ask pane's target: one document as `ellm ask --doc`,
+        several in one generation as `ellm ask --folder / --all` (app/folder_ask.py)."""
         from app.ask import ask
+        from app.folder_ask import ask_many
 
-        ids = self.library.selected_ids()
-        if not ids:
-            self.show_error("Select a document in the library first.")
-            return None
         if self.ask_job is not None:
             return self.ask_job
+        target = self.update_target()
+        ids = list(target.doc_ids)
+        if not ids:
+            self.show_error(f"{target.heading}.")
+            return None
         session = self.session
 
         def work(ctl: JobControl):
             backend = session.backend()
-            return ask(session.store, backend, question, ids, session.sampling(),
-                       model_name=session.model_path.name, on_text=ctl.text, cancel=ctl.cancelled)
+            common = {"model_name": session.model_path.name, "on_text": ctl.text, "cancel": ctl.cancelled}
+            if len(ids) == 1:
+                return ask(session.store, backend, question, ids, session.sampling(), **common)
+            return ask_many(session.store, backend, question, ids, session.sampling(),
+                            progress=lambda what: ctl.progress(0, 0, what), **common)
 
         job = Job(work)
         job.signals.sig_text.connect(self._streamed)
+        job.signals.sig_progress.connect(self._ask_progress)
         job.signals.sig_done.connect(self._answered)
         job.signals.sig_error.connect(self.show_error)
         job.signals.sig_finished.connect(self._ask_finished)
         self.live = LiveRate()
         self._context_tokens = min(sum(d["tokens"] for d in (self.document(i) for i in ids) if d),
                                    self._n_ctx())
-        self.ask_pane.begin(question)
+        self.ask_pane.begin(question, len(ids))
         self.ask_pane.set_busy(True)
         self.tabs.setCurrentWidget(self.ask_pane)
         self.ask_job = start(job, self.pool)
@@ -312,13 +336,21 @@ class MainWindow(QMainWindow):
             self.hardware_tab.set_live(tok_s, gb_s)
 
     def _answered(self, answer) -> None:
-        attended = (answer.extra or {}).get("attended") or getattr(answer, "attended", None)
+        extra = answer.extra or {}
+        attended = extra.get("attended") or getattr(answer, "attended", None)
+        titles = self.titles()
+        # Why some documents or pages were left out; else, for several, which were asked.
+        note = " ".join(n for n in (extra.get("note"), answer.plan.note) if n) or scope_note(answer.doc_ids, titles)
         self.ask_pane.show_answer(answer.question, answer.answer, answer.citations, answer.timings,
-                                  self.titles(), answer.plan.note, answer.cancelled, attended)
-        ids = self.library.selected_ids()
-        if ids:
-            self.ask_pane.set_history(history(self.session.store, ids[0], self.ask_pane.history_search.text()),
+                                  titles, note, answer.cancelled, attended)
+        current = self.library.current_id()
+        if current is not None:
+            self.ask_pane.set_history(history(self.session.store, current, self.ask_pane.history_search.text()),
                                       select_id=answer.answer_id)
+
+    def _ask_progress(self, _done: int, _total: int, what: str) -> None:
+        """Before the answer: which document's cache is being computed."""
+        self.ask_pane.set_live(what[:1].upper() + what[1:] + "…")
 
     def _ask_finished(self) -> None:
         self.ask_job = None
