@@ -37,7 +37,6 @@ _FILLER = (
 )
 
 BASELINE = ("llamacpp", "f16", "dense")   # (engine, kv, attention) every result is compared with
-SPARSE_OPTIONS = ("sinks", "window", "top_k", "dense_layers", "reselect")
 
 
 @dataclass(frozen=True)
@@ -235,7 +234,7 @@ def machine_info(model_path: Path, threads: int, bandwidth: float | None = None)
 
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     from app.backends import default_threads
-    from app.engine.sparse import SparseConfig
+    from app.engine.sparse import SPARSE_OPTIONS, SparseConfig
 
     threads = cfg.threads or default_threads()
     weights = model_bytes(cfg.model_path)["weights"]

@@ -396,11 +396,11 @@ def kv_names(text: str) -> tuple[str, ...]:
 
 
 def sparse_config(a):
-    """The SparseConfig of --sinks --window --top-k --dense-layers --reselect (engine defaults
+    """The SparseConfig of --sinks --window --top-k --dense-layers --reselect --observe (engine defaults
     for those not given)."""
-    from app.engine.sparse import SparseConfig
+    from app.engine.sparse import SPARSE_OPTIONS, SparseConfig
 
-    given = {k: getattr(a, k) for k in ("sinks", "window", "top_k", "dense_layers", "reselect")
+    given = {k: getattr(a, k) for k in SPARSE_OPTIONS
              if getattr(a, k) is not None}
     try:
         return SparseConfig(mode="sparse", **given)
@@ -566,7 +566,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sparse: blocks retrieved per KV head")
     p.add_argument("--dense-layers", type=int, default=None, metavar="N",
                    help="sparse: leading layers that attend densely")
-    p.add_argument("--reselect", type=int, default=None, metavar="N", help="sparse: choose blocks every N tokens")
+    p.add_argument("--reselect", type=int, default=None, metavar="N",
+                   help="sparse: choose blocks every N tokens (when not chosen by the prompt's end)")
+    p.add_argument("--observe", type=int, default=None, metavar="N",
+                   help="sparse: the prompt's last N tokens choose the blocks decoding reads (0: key bounds)")
     p.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
     p.add_argument("--pin", default="on", help="ellm threads pinned one per CPU: on, off, or on,off to compare")
     p.add_argument("--passkey", action="store_true",

@@ -76,6 +76,10 @@ class BlockKVCache:
         # Attention mass per block, summed over layers and heads while decoding (citations).
         self.block_mass = np.zeros(self.n_blocks_cap, np.float64)  # (NB,) float64
         self.selection: dict[int, tuple] = {}   # layer -> (step, selection) for re-use
+        # Question-aware choice (sparse_votes.py): prompt positions [start, end) whose queries
+        # vote, and per layer the votes (KVH, end block) float32 that decoding ranks blocks by.
+        self.observe: tuple[int, int] | None = None
+        self.votes: dict[int, np.ndarray] = {}
         self.attention = None   # the SparseConfig the model attends with (Model.new_cache sets it)
 
     # ---- State ----------------------------------------------------------------------
@@ -128,12 +132,14 @@ class BlockKVCache:
         self.nb_base = min(self.nb_base, n // self.block)
         del self.tokens[n:]
         self.selection.clear()
+        self.votes.clear()
         if cp is not None and cp.n_tokens > n:
             self.checkpoint = None
         return n
 
     def clear(self) -> None:
         self.truncate(0)
+        self.votes.clear()
         self.drop_base()
 
     def drop_base(self) -> None:
@@ -315,6 +321,33 @@ def decode_key(kc, kb, bits, j, d, half):
     else:
         c = np.float32(kc[j, d - half] >> 4)
     return lo + c * step
+
+
+@njit(inline="always")
+def decode_keys(kc, kb, k_bits, n_valid, k_out):
+    """Rows 0..n_valid-1 of one block's keys as float32 (block frame): k_out (>= n_valid, HD)."""
+    head_dim = k_out.shape[1]
+    half = head_dim // 2
+    if k_bits == 16:
+        for j in range(n_valid):
+            for d in range(head_dim):
+                k_out[j, d] = f16_to_f32(np.uint16(kc[j, d]))
+        return
+    lo = np.empty(head_dim, np.float32)
+    step = np.empty(head_dim, np.float32)
+    for d in range(head_dim):
+        lo[d] = f16_to_f32(kb[0, d])
+        step[d] = (f16_to_f32(kb[1, d]) - lo[d]) / np.float32((1 << k_bits) - 1)
+    if k_bits == 8:
+        for j in range(n_valid):
+            for d in range(head_dim):
+                k_out[j, d] = lo[d] + np.float32(kc[j, d]) * step[d]
+    else:
+        for j in range(n_valid):
+            for d in range(half):
+                c = kc[j, d]
+                k_out[j, d] = lo[d] + np.float32(c & 0x0F) * step[d]
+                k_out[j, d + half] = lo[d + half] + np.float32(c >> 4) * step[d + half]
 
 
 @njit(inline="always")

@@ -91,6 +91,8 @@ class EllmBackend:
         _apply_threads(self._thread_plan)  # numba's thread count is per calling thread
         self.stats = stats = GenerationStats(prompt_tokens=len(prompt))
         t0 = time.perf_counter()
+        if self.blocked:
+            self._observe(prompt)
         logits, reused = prefill_reusing_prefix(self.model, self.cache, prompt, self.prefill_chunk, cancel)
         stats.prefill_s = time.perf_counter() - t0
         stats.extra["reused_prompt_tokens"] = reused
@@ -153,6 +155,25 @@ class EllmBackend:
                 "sinks": a.sinks, "window": a.window, "top_k": a.top_k, "dense_layers": a.dense_layers,
                 "prefill_chunk": self.prefill_chunk}
 
+    def _observe(self, prompt: list[int]) -> None:
+        """Sparse attention: the prompt's last tokens choose the blocks decoding reads
+        (app/engine/sparse_votes.py), so they are computed afresh even when the cache still
+        holds them, though never below the document's checkpoint."""
+        cache = self.cache
+        cache.votes.clear()
+        cfg = cache.attention
+        if cfg is None or cfg.mode != "sparse" or not cfg.observe:
+            cache.observe = None
+            return
+        start = max(0, len(prompt) - cfg.observe)
+        cp = cache.checkpoint
+        if cp is not None and cache.common_prefix(prompt) >= cp.n_tokens:
+            start = max(start, cp.n_tokens)
+        start = min(start, len(prompt) - 1)
+        if cache.n_tokens > start:
+            cache.truncate(start)
+        cache.observe = (start, len(prompt))
+
     def ensure_prefix(self, tokens: Sequence[int], load: Callable[[BlockKVCache], bool] | None = None,
                       save: Callable[[BlockKVCache], None] | None = None,
                       cancel: Callable[[], bool] | None = None) -> str | None:
@@ -164,6 +185,8 @@ class EllmBackend:
         tokens = [int(t) for t in tokens]
         _apply_threads(self._thread_plan)
         cache = self.cache
+        if self.blocked:
+            cache.observe = None      # a document prefix has no question to observe
         if cache.n_tokens >= len(tokens) and cache.common_prefix(tokens) == len(tokens):
             cache.truncate(len(tokens))
             if self.blocked:

@@ -24,7 +24,7 @@ BLAS, so a chunk attends causally to itself and sparsely to the rest: cost linea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from numba import njit, prange
@@ -45,11 +45,12 @@ class SparseConfig:
     top_k: int = 16           # K: retrieved blocks per KV head
     dense_layers: int = 0     # leading layers attending densely (inside the trained context)
     reselect: int = 1         # decode: choose blocks every this many tokens
+    observe: int = 32         # last prompt tokens whose attention chooses decode's blocks (0: bounds)
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"attention must be one of {', '.join(MODES)}, not {self.mode!r}")
-        for name in ("sinks", "window", "top_k", "dense_layers"):
+        for name in ("sinks", "window", "top_k", "dense_layers", "observe"):
             if getattr(self, name) < 0:
                 raise ValueError(f"sparse attention: {name} must be >= 0")
         if self.reselect < 1:
@@ -58,6 +59,9 @@ class SparseConfig:
     def budget_tokens(self, block: int) -> int:
         """Tokens a decode step attends at most (whole blocks)."""
         return (-(-self.sinks // block) + self.top_k + -(-self.window // block) + 1) * block
+
+
+SPARSE_OPTIONS = tuple(f.name for f in fields(SparseConfig) if f.name != "mode")   # what --sinks ... set
 
 
 @dataclass
@@ -76,10 +80,16 @@ class Selection:
 
 
 def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: SparseConfig,
-           cos: np.ndarray, sin: np.ndarray, neox: bool) -> Selection:
+           cos: np.ndarray, sin: np.ndarray, neox: bool, scores: np.ndarray | None = None,
+           first_local: int | None = None) -> Selection:
     """The blocks queries q (T, H, HD) float32 (before RoPE) at positions pos0.. attend.
 
     cos, sin  # (P, HD/2) float32 rope tables covering every position used
+    scores    # (KVH, >= NC) float32: rank the candidates by these (one query's exact block
+              # scores, sparse_votes.py) instead of the key bounds; first_local: where the
+              # always-attended local blocks start instead of the window's first block.
+    A decoding query (T = 1) of a layer with votes (sparse_votes.py) ranks by the votes, and
+    every block after the voted ones (the question, the answer so far) is local.
     """
     n_tok = q.shape[0]
     B = cache.block
@@ -89,13 +99,20 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: Spars
     n_train = cache.config.context_length or n
     compressed = cfg.mode == "sparse" and n > n_train
     dense = cfg.mode == "dense" or (layer < cfg.dense_layers and not compressed)
-    first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
+    if first_local is None:
+        first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
+    voted = cache.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
+    if voted is not None and voted.shape[1] <= first_local:
+        first_local, scores = voted.shape[1], voted
     n_sink = min(-(-cfg.sinks // B), first_local)
     n_cand = first_local - n_sink
     ranked = not dense and n_cand > cfg.top_k
     n_chosen = cfg.top_k if ranked else n_cand
-    scores = _NO_SCORES
-    if ranked:
+    if scores is not None:
+        scores = np.ascontiguousarray(scores[:, -n_cand:] if voted is not None else scores[:, :n_cand])
+    else:
+        scores = _NO_SCORES
+    if ranked and scores is _NO_SCORES:
         candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
         qref, rel = _reference_queries(q, KVH, pos0, B, candidates, cfg, compressed, cos, sin, neox)
         scores = np.empty((KVH, n_cand), np.float32)                  # (KVH, NC) upper bounds
@@ -146,6 +163,12 @@ def _assemble(scores, n_sink, first_local, n_blocks, n_chosen, ranked, compresse
             qpos[t] = p
 
 
+def nominal_distance(cfg: SparseConfig, block: int) -> int:
+    """Beyond the trained context a candidate block's true distance means nothing to the
+    model: it is ranked as if it sat in the middle of the retrieved span."""
+    return cfg.window + cfg.top_k * block // 2
+
+
 def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, neox):
     """The query each KV head ranks blocks with, and its rotation per candidate.
 
@@ -162,7 +185,7 @@ def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, n
         qm = rotate(q, cos[offs], sin[offs], neox).mean(axis=0)
     qref = np.ascontiguousarray(qm.reshape(kvh, n_heads // kvh, head_dim), dtype=np.float32)
     if compressed:
-        rel = np.full(candidates.shape[0], cfg.window + cfg.top_k * B // 2, np.int64)
+        rel = np.full(candidates.shape[0], nominal_distance(cfg, B), np.int64)
     else:
         rel = pos0 - candidates * B
     return qref, rel

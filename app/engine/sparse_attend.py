@@ -16,9 +16,10 @@ import numpy as np
 from numba import njit, prange
 
 from .attention import ggml_expf
-from .blockkv import BlockKVCache
+from .blockkv import BlockKVCache, decode_keys
 from .kvcache import f16_to_f32
-from .sparse import Selection, SparseConfig, _rotate_vec, rotate, select
+from .sparse import Selection, SparseConfig, _rotate_vec, nominal_distance, rotate, select
+from .sparse_votes import observed_attention, observing
 
 _NEG_INF = np.float32(-np.inf)
 
@@ -28,10 +29,38 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg
     """Attention of queries q (T, H, HD) float32 (before RoPE) at positions pos0.. over the
     cache of ``layer``, which already holds their keys and values. Returns (T, H, HD) float32.
 
-    rope: the model's RopeTables (cos/sin by position).
+    rope: the model's RopeTables (cos/sin by position). The last prompt tokens (the question,
+    ``cache.observe``) choose their blocks by exact attention mass and vote for the blocks
+    decoding reads (sparse_votes.py).
     """
     n_tok, _, head_dim = q.shape
     n = pos0 + n_tok
+    first = observing(cache, cfg, pos0, n_tok)
+    if first is not None:
+        cos, sin = rope.rows(0, max(n, nominal_distance(cfg, cache.block)) + cache.block + 1)
+        a = cache.arrays(layer)
+        scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
+
+        def attend_one(q_t, n_limit, sel):
+            return _decode(q_t, a, cache, n, n_limit, sel, cos, sin, neox, scale)
+
+        with _one_blas_thread():
+            tail = observed_attention(q[first:], cache, layer, pos0 + first, cfg, cos, sin, neox, attend_one)
+        if tail is not None:
+            if first == 0:
+                return tail
+            out = np.empty(q.shape, np.float32)                     # (T, H, HD)
+            out[first:] = tail
+            out[:first] = _attend(q[:first], cache, layer, pos0, cfg, rope, neox, n)
+            return out
+    return _attend(q, cache, layer, pos0, cfg, rope, neox, n)
+
+
+def _attend(q, cache: BlockKVCache, layer: int, pos0: int, cfg: SparseConfig, rope, neox: bool,
+            n: int) -> np.ndarray:
+    """attend_blocks for queries at pos0.. when the cache holds ``n`` tokens (>= pos0 + T:
+    the later ones are masked)."""
+    n_tok, _, head_dim = q.shape
     cos, sin = rope.rows(0, n + 1)
     sel = _selection(cache, layer, q, pos0, cfg, cos, sin, neox)
     need = int(max(sel.place.max(initial=0), sel.qpos.max(initial=0))) + cache.block + 1
@@ -40,7 +69,7 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg
     scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
     a = cache.arrays(layer)
     if n_tok == 1:
-        return _decode(q, a, cache, n, n, sel, cos, sin, neox, scale)
+        return _decode(q, a, cache, n, pos0 + 1, sel, cos, sin, neox, scale)
     if sel.ranked and n_tok <= PER_QUERY_MAX:
         # A short chunk (a question after a cached document) chooses blocks query by query,
         # as decoding does: a chunk-wide mean query would let the question's tokens share
@@ -50,7 +79,7 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg
             sel_t = select(cache, layer, q[t:t + 1], pos0 + t, cfg, cos, sin, neox)
             out[t] = _decode(q[t:t + 1], a, cache, n, pos0 + t + 1, sel_t, cos, sin, neox, scale)[0]
         return out
-    return _prefill(q, a, cache, pos0, sel, cos, sin, neox, scale)
+    return _prefill(q, a, cache, pos0, n, sel, cos, sin, neox, scale)
 
 
 PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
@@ -282,17 +311,17 @@ def _one_blas_thread():
     return _blas.limit(limits=1, user_api="blas")
 
 
-def _prefill(q, a, cache: BlockKVCache, pos0, sel: Selection, cos, sin, neox, scale):
+def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale):
     with _one_blas_thread():
-        return _prefill_products(q, a, cache, pos0, sel, cos, sin, neox, scale)
+        return _prefill_products(q, a, cache, pos0, n, sel, cos, sin, neox, scale)
 
 
-def _prefill_products(q, a, cache: BlockKVCache, pos0, sel: Selection, cos, sin, neox, scale):
+def _prefill_products(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale):
+    """Queries at pos0.. over their selected blocks; the cache holds ``n`` tokens."""
     n_tok, n_heads, head_dim = q.shape
     kvh, ns = sel.blocks.shape
     group = n_heads // kvh
     B = cache.block
-    n = pos0 + n_tok
     out = np.empty((n_tok, n_heads, head_dim), np.float32)                # (T, H, HD)
     qrot = rotate(q, cos[sel.qpos], sin[sel.qpos], neox)                    # (T, H, HD)
     true_pos = pos0 + np.arange(n_tok, dtype=np.int64)                      # (T,)
@@ -350,26 +379,7 @@ def _decode_block(kc, kb, vc, vs, k_bits, v_bits, n_valid, k_out, v_out):
     """Rows 0..n_valid-1 of one stored block as float32: k_out, v_out (>= n_valid, HD)."""
     head_dim = k_out.shape[1]
     half = head_dim // 2
-    lo = np.empty(head_dim, np.float32)
-    step = np.empty(head_dim, np.float32)
-    if k_bits == 16:
-        for j in range(n_valid):
-            for d in range(head_dim):
-                k_out[j, d] = f16_to_f32(np.uint16(kc[j, d]))
-    else:
-        for d in range(head_dim):
-            lo[d] = f16_to_f32(kb[0, d])
-            step[d] = (f16_to_f32(kb[1, d]) - lo[d]) / np.float32((1 << k_bits) - 1)
-        if k_bits == 8:
-            for j in range(n_valid):
-                for d in range(head_dim):
-                    k_out[j, d] = lo[d] + np.float32(kc[j, d]) * step[d]
-        else:
-            for j in range(n_valid):
-                for d in range(half):
-                    c = kc[j, d]
-                    k_out[j, d] = lo[d] + np.float32(c & 0x0F) * step[d]
-                    k_out[j, d + half] = lo[d + half] + np.float32(c >> 4) * step[d + half]
+    decode_keys(kc, kb, k_bits, n_valid, k_out)
     if v_bits == 16:
         for j in range(n_valid):
             for d in range(head_dim):

@@ -50,7 +50,7 @@ def test_every_kv_and_attention_combination_on_ellm(cli, tiny, tmp_path, no_band
         if r["attention"] == "dense":
             assert r["sparse"] is None and b["kv"] == r["kv_bytes_per_token"] * r["context"]
         else:
-            assert r["sparse"] == {"sinks": 16, "window": 64, "top_k": 1, "dense_layers": 0, "reselect": 1}
+            assert r["sparse"] == {"sinks": 16, "window": 64, "top_k": 1, "dense_layers": 0, "reselect": 1, "observe": 32}
     kv_read = {(r["kv"], r["attention"], r["context"]): r["bytes_per_token"]["kv"] for r in rows}
     for kv in ("f16", "k8v4"):
         assert kv_read[kv, "sparse", 400] < kv_read[kv, "dense", 400], "sparse reads only its budget"

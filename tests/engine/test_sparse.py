@@ -147,3 +147,102 @@ def test_decode_credits_attention_mass_to_retrieved_blocks_only(model):
     assert 0 < len(credited) <= 2 * model.config.n_kv_heads * model.config.n_layers   # K per head and layer
     n_blocks = -(-301 // B)
     assert 0 not in credited and not (credited >= n_blocks - 3).any()
+
+
+# ---- Question-aware choice (sparse_votes.py) ------------------------------------------------
+
+
+def _rotated(model, q, rel):
+    """q (HD,) turned by a distance rel: what a block-frame key must equal to score q . k."""
+    from app.engine.sparse import rotate
+    cos, sin = model.rope.rows(0, rel + 1)
+    return rotate(q[None, None, :], cos[[rel]], sin[[rel]], model.neox)[0, 0]
+
+
+def _planted_cache(model, n, mass_block, peak_block, cfg):
+    """Random keys, plus per KV head a block whose 16 keys all score 3 with the group's first
+    query (mass e^3 x 16) and a block with one key scoring 4.5 (a higher peak, less mass)."""
+    c = model.config
+    rng = np.random.default_rng(7)
+    keys = rng.normal(0, 0.3, (n + 1, c.n_kv_heads * c.head_dim)).astype(np.float32)
+    q = rng.normal(0, 1, (1, c.n_heads, c.head_dim)).astype(np.float32)
+    group = c.n_heads // c.n_kv_heads
+    q[0] = np.repeat(q[0, ::group], group, axis=0)      # every head of a group asks the same
+    unit = math.sqrt(c.head_dim)                         # scores are q . k / sqrt(HD)
+    for h in range(c.n_kv_heads):
+        cols = slice(h * c.head_dim, (h + 1) * c.head_dim)
+        qh = q[0, h * group]
+        for block, score, tokens in ((mass_block, 3.0, range(B)), (peak_block, 4.5, [5])):
+            qr = _rotated(model, qh, n - block * B)
+            for j in tokens:
+                keys[block * B + j, cols] = score * unit * qr / float(qr @ qr)
+    cache = _cache(model, n_ctx=2048, kv="f16", **cfg)
+    for layer in range(c.n_layers):
+        cache.update(layer, 0, keys, keys)
+    cache.commit(range(n + 1))
+    return cache, q
+
+
+def test_the_question_chooses_blocks_by_attention_mass_not_by_peak(model):
+    n = 30 * B                      # inside the trained context: true distances
+    mass_block, peak_block = 9, 17
+    cfg = dict(mode="sparse", sinks=B, window=2 * B, top_k=1)
+    cache, q = _planted_cache(model, n, mass_block, peak_block, cfg)
+    cos, sin = model.rope.rows(0, n + 2)
+    # The key bounds (Quest) rank the single high key first ...
+    sel = select(cache, 0, q, n, cache.attention, cos, sin, model.neox)
+    assert (sel.blocks[:, sel.retrieved[0]] == peak_block).all()
+    # ... the observed question weighs whole blocks: it reads the block with the mass,
+    cache.observe = (n, n + 1)
+    attend_blocks(q, cache, 0, n, cache.attention, model.rope, model.neox)
+    votes = cache.votes[0]                                # (KVH, candidate end)
+    assert (votes.argmax(axis=1) == mass_block).all()
+    # ... and decoding after it retrieves by those votes, with no ranking of its own.
+    cache.observe = None
+    sel = select(cache, 0, q, n + 1, cache.attention, cos, sin, model.neox)
+    assert (sel.blocks[:, sel.retrieved[0]] == mass_block).all()
+    assert sel.blocks.shape[1] == 1 + 1 + (-(-(n + 2) // B) - votes.shape[1])   # sink, retrieved, the rest
+
+
+def test_votes_are_the_softmax_shares_of_exact_block_masses(model):
+    """Differential: the votes equal plain numpy's log-sum-exp per block of the true scores."""
+    c = model.config
+    n = 20 * B
+    cfg = dict(mode="sparse", sinks=B, window=2 * B, top_k=2)
+    cache, q = _planted_cache(model, n, 5, 12, cfg)
+    q = np.random.default_rng(8).normal(0, 1, q.shape).astype(np.float32)
+    cache.observe = (n, n + 1)
+    attend_blocks(q, cache, 0, n, cache.attention, model.rope, model.neox)
+    votes = cache.votes[0]
+    end = votes.shape[1]
+    assert end == (n + 1 - 2 * B) // B
+    k, _ = cache.dequantize(0)                               # (KVH, n, HD) block frame
+    group = c.n_heads // c.n_kv_heads
+    want = np.zeros_like(votes)
+    for h in range(c.n_heads):
+        lse = []
+        for b in range(1, end):                              # block 0 is the sink
+            qr = _rotated(model, q[0, h], n - b * B).astype(np.float64)
+            s = k[h // group, b * B:(b + 1) * B].astype(np.float64) @ qr / math.sqrt(c.head_dim)
+            lse.append(np.log(np.exp(s - s.max()).sum()) + s.max())
+        share = np.exp(np.array(lse) - max(lse))
+        want[h // group, 1:] += share / share.sum()
+    np.testing.assert_allclose(votes, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_question_after_a_document_keeps_its_checkpoint_and_votes_every_layer(tiny_model):
+    from app.engine.backend import SamplingParams
+    from app.engine.ellm_backend import EllmBackend
+
+    b = EllmBackend(tiny_model("llama"), n_ctx=1024, kv="k8v4",
+                    attention=SparseConfig(sinks=64, window=64, top_k=1, observe=8))
+    doc = np.random.default_rng(9).integers(3, 2000, 640).tolist()
+    assert b.ensure_prefix(doc) == "miss"
+    question = [11, 12, 13, 14, 15]
+    first = list(b.generate(doc + question, SamplingParams.make_greedy(4)))
+    assert b.stats.extra["reused_prompt_tokens"] == len(doc)      # the question only: 5 < 8 observed
+    assert b.cache.observe == (len(doc), len(doc) + 5)
+    assert sorted(b.cache.votes) == list(range(b.model.config.n_layers))
+    assert b.cache.checkpoint is not None and b.cache.checkpoint.n_tokens == len(doc)
+    again = list(b.generate(doc + question, SamplingParams.make_greedy(4)))
+    assert again == first and b.stats.extra["reused_prompt_tokens"] == len(doc)
