@@ -141,7 +141,9 @@ class EllmBackend:
         if self.blocked and self.attention.mode == "sparse":
             b = self.kv_spec.block
             attended = min(n, self.attention.budget_tokens(b))
-            bounds = (-(-n // b)) * c.n_layers * c.n_kv_heads * 2 * 2 * c.head_dim
+            # Ranked by the question's votes: no bounds read per step (the question read every
+            # block's keys once, sparse_votes.py); ranked by the bounds: all of them, each step.
+            bounds = 0 if self.attention.observe else (-(-n // b)) * c.n_layers * c.n_kv_heads * 2 * 2 * c.head_dim
             read = attended * stored + bounds
         else:
             read = n * stored
