@@ -80,6 +80,7 @@ class BlockKVCache:
         # vote, and per layer the votes (KVH, end block) float32 that decoding ranks blocks by.
         self.observe: tuple[int, int] | None = None
         self.votes: dict[int, np.ndarray] = {}
+        self.vote_top: dict[int, tuple] = {}   # layer -> (votes, (KVH, K) their top blocks)
         self.attention = None   # the SparseConfig the model attends with (Model.new_cache sets it)
 
     # ---- State ----------------------------------------------------------------------
