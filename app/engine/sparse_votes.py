@@ -19,7 +19,8 @@ reads the sinks, the top-K blocks by votes and every block after the voted ones 
 question and the answer so far), with no per-step ranking at all.
 
 Cost: the observed queries' scores against the whole context, about observe x n x H x HD
-multiply-adds per layer, once per question (n = 32K: ~18 G, about a second here).
+multiply-adds per layer, once per question (n = 32K: ~18 G, about 1.5 s on 2 cores; a
+second BLAS thread made it slower: its spinning starves the numba kernels in between).
 Positions: inside the trained context blocks are scored at their true distance; beyond it
 every block is scored at the one nominal distance select() ranks with (sparse.py).
 """
