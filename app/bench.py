@@ -234,12 +234,12 @@ def machine_info(model_path: Path, threads: int, bandwidth: float | None = None)
 
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     from app.backends import default_threads
-    from app.engine.sparse import SPARSE_OPTIONS, SparseConfig
+    from app.engine.sparse import SparseConfig
 
     threads = cfg.threads or default_threads()
     weights = model_bytes(cfg.model_path)["weights"]
     sparse = cfg.sparse or SparseConfig()
-    sparse_opts = {k: getattr(sparse, k) for k in SPARSE_OPTIONS}
+    sparse_opts = sparse.options()
     bandwidth = read_bandwidth_gb_s()
     results, skipped = [], []
     n_ctx = max(cfg.contexts) + cfg.decode_steps + 64

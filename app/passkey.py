@@ -163,7 +163,7 @@ def run_passkey(cfg: PasskeyConfig, progress: Callable[[str], None] | None = Non
     from app.backends import default_threads
     from app.bench import machine_info, open_engine
     from app.engine.backend import SamplingParams
-    from app.engine.sparse import SPARSE_OPTIONS, SparseConfig
+    from app.engine.sparse import SparseConfig
 
     threads = cfg.threads or default_threads()
     cases = trial_cases(cfg.trials, cfg.seed)
@@ -199,7 +199,7 @@ def run_passkey(cfg: PasskeyConfig, progress: Callable[[str], None] | None = Non
             results.append(result)
     config = {"contexts": list(cfg.contexts), "trials": cfg.trials, "seed": cfg.seed, "depths": list(DEPTHS),
               "new_tokens": cfg.new_tokens,
-              "sparse": {k: getattr(sparse, k) for k in SPARSE_OPTIONS}}
+              "sparse": sparse.options()}
     report = {"machine": machine_info(cfg.model_path, threads), "config": config,
               "results": [r.as_dict() for r in results]}
     if skipped:

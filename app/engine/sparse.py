@@ -23,13 +23,12 @@ BLAS, so a chunk attends causally to itself and sparsely to the rest: cost linea
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from .blockkv import BlockKVCache, decode_key, decode_value
+from .blockkv import BlockKVCache
 from .kvcache import f16_to_f32
 
 MODES = ("dense", "sparse")
@@ -55,6 +54,10 @@ class SparseConfig:
                 raise ValueError(f"sparse attention: {name} must be >= 0")
         if self.reselect < 1:
             raise ValueError("sparse attention: reselect must be >= 1")
+
+    def options(self) -> dict:
+        """The tunable options (every field but the mode), as reports list them."""
+        return {name: getattr(self, name) for name in SPARSE_OPTIONS}
 
     def budget_tokens(self, block: int) -> int:
         """Tokens a decode step attends at most (whole blocks)."""
