@@ -6,11 +6,14 @@ whether it should stop; the GUI hears about it through the job's signals.
 """
 from __future__ import annotations
 
+import gc
 import threading
 import traceback
 from typing import Callable
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QCoreApplication, QObject, QRunnable, QThreadPool, QTimer, Signal
+
+COLLECT_EVERY_MS = 200
 
 
 class JobSignals(QObject):
@@ -77,6 +80,46 @@ class Job(QRunnable):
         self.control.cancel()
 
 
+class MainThreadCollector(QObject):
+    """Python's cycle collector, run only on the GUI thread.
+
+    Left automatic, the collector runs in whichever thread happens to allocate when a
+    generation's count passes its threshold: often a worker deep in an ingestion or a
+    prefill. It then finalises whatever garbage exists, including Qt objects that belong
+    to the GUI thread (a closed viewer's timers and pixmaps); Qt forbids that ("Timers
+    cannot be stopped from another thread") and it can crash the process (CI: a
+    segfault while "Garbage-collecting" inside an ingestion worker). So automatic
+    collection is switched off and a GUI-thread timer does what it would have done: the
+    same generations at the same thresholds, checked every ``COLLECT_EVERY_MS``.
+    The same remedy as pyqtgraph's GarbageCollector."""
+
+    def __init__(self, parent: QObject):
+        super().__init__(parent)
+        gc.disable()
+        self.timer = QTimer(self)
+        self.timer.timeout.connect(self.collect_due)
+        self.timer.start(COLLECT_EVERY_MS)
+
+    def collect_due(self) -> None:
+        counts, thresholds = gc.get_count(), gc.get_threshold()  # (3,), (3,)
+        for generation in (2, 1, 0):  # the oldest due generation, which includes the younger
+            if counts[generation] > thresholds[generation]:
+                gc.collect(generation)
+                return
+
+
+_collector: MainThreadCollector | None = None
+
+
+def collect_on_gui_thread() -> None:
+    """Installs the collector once per process (idempotent); called before a worker starts."""
+    global _collector
+    app = QCoreApplication.instance()
+    if _collector is None and app is not None:
+        _collector = MainThreadCollector(app)
+
+
 def start(job: Job, pool: QThreadPool | None = None) -> Job:
+    collect_on_gui_thread()
     (pool or QThreadPool.globalInstance()).start(job)
     return job
