@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType, GGUFReader, quants
 from gguf.gguf_reader import ReaderTensor
 from numba import njit
 
+from . import blas
 from .attention import _fma, _load8_2d, _mul8, _silu8, _store8_2d, attend
 from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, _engine_hint
 from .blockkv import BlockKVCache
@@ -387,7 +388,10 @@ class Model:
 
 
 def _linear(w: QMatrix, x: np.ndarray) -> np.ndarray:
-    """x (T, n_in) float32 -> (T, n_out) float32 through the quantized weight matrix."""
+    """x (T, n_in) float32 -> (T, n_out) float32 through the quantized weight matrix: the
+    bit-exact kernels for decode and short chunks, dequantized BLAS for long ones (blas.py)."""
     if x.shape[0] == 1:
         return w.matvec(x[0]).reshape(1, -1)
+    if x.shape[0] >= blas.BLAS_MIN_TOKENS:
+        return blas.matmul(w, x)
     return w.matmul(x)

@@ -76,6 +76,7 @@ class QMatrix:
         self.plain_scales = f16_plane_is_plain(*(self.planes[k] for k in _F16_PLANES.get(qtype, ())))
         self._rows_kernel, self._rows_args, self._mm_kernel, self._mm_args = self._bind_kernels()
         self._n_groups = -(-n_out // GROUP)  # the kernels run one chunk of groups per thread
+        self._all_rows = None
 
     def _bind_kernels(self):
         """(rows kernel, its leading arguments, matmul kernel, its leading arguments), chosen
@@ -141,6 +142,12 @@ class QMatrix:
         out = np.empty((ids.size, n_in), np.float32)  # (n_ids, n_in) float32
         self._rows_kernel(*self._rows_args, ids, out)
         return out
+
+    def dequantize_into(self, out: np.ndarray) -> None:
+        """Every row as float32 into out (n_out, n_in) float32 (prefill's BLAS path)."""
+        if self._all_rows is None:
+            self._all_rows = np.arange(self.shape[0], dtype=np.int64)  # (n_out,) int64
+        self._rows_kernel(*self._rows_args, self._all_rows, out)
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         """x (n_in,) float32 -> (n_out,) float32. The decode path: ~200 calls per token, so it

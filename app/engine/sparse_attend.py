@@ -15,8 +15,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import blas
 from .attention import ggml_expf
 from .blockkv import BlockKVCache, decode_keys
+from .kernels_common import num_threads
 from .kvcache import f16_to_f32
 from .sparse import Selection, SparseConfig, _rotate_vec, nominal_distance, rotate, select
 from .sparse_votes import observed_attention, observing
@@ -44,7 +46,7 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg
         def attend_one(q_t, n_limit, sel):
             return _decode(q_t, a, cache, n, n_limit, sel, cos, sin, neox, scale)
 
-        with _one_blas_thread():
+        with blas.one_blas_thread():
             tail = observed_attention(q[first:], cache, layer, pos0 + first, cfg, cos, sin, neox, attend_one)
         if tail is not None:
             if first == 0:
@@ -296,28 +298,10 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
 # ---- Prefill ---------------------------------------------------------------------------------
 
 
-_blas = None
-
-
-def _one_blas_thread():
-    """BLAS limited to one thread around our products: numba's pool does the parallel work,
-    and OpenBLAS's idle threads spin for a while after each call, starving numba's threads
-    on the same cores (measured: the weight kernels ran 3x slower after a 2-thread sgemm)."""
-    global _blas
-    if _blas is None:
-        from threadpoolctl import ThreadpoolController
-
-        _blas = ThreadpoolController()
-    return _blas.limit(limits=1, user_api="blas")
-
-
 def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale):
-    with _one_blas_thread():
-        return _prefill_products(q, a, cache, pos0, n, sel, cos, sin, neox, scale)
-
-
-def _prefill_products(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale):
-    """Queries at pos0.. over their selected blocks; the cache holds ``n`` tokens."""
+    """Queries at pos0.. over their selected blocks; the cache holds ``n`` tokens. Per KV
+    head, the blocks are decoded once, then each of numba's threads takes a run of the
+    queries through scores, masked softmax and values (one-thread sgemms; blas.py)."""
     n_tok, n_heads, head_dim = q.shape
     kvh, ns = sel.blocks.shape
     group = n_heads // kvh
@@ -328,14 +312,32 @@ def _prefill_products(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, s
     k_buf = np.empty((ns * B, head_dim), np.float32)                        # (N, HD)
     v_buf = np.empty((ns * B, head_dim), np.float32)                        # (N, HD)
     t_buf = np.empty(ns * B, np.int64)                                      # (N,) true positions
+    out_h = np.empty((n_tok * group, head_dim), np.float32)                 # (T*G, HD)
+    n_parts = min(num_threads(), n_tok)
     for h in range(kvh):
         count = _gather(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
                         sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
-        qh = qrot[:, h * group:(h + 1) * group].reshape(n_tok * group, head_dim)  # (T*G, HD)
-        scores = qh @ k_buf[:count].T                                            # (T*G, N)
-        _masked_softmax(scores, scale, t_buf[:count], true_pos, group)
-        out[:, h * group:(h + 1) * group] = (scores @ v_buf[:count]).reshape(n_tok, group, head_dim)
+        qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
+        with blas.one_blas_thread():
+            _products(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
+                      n_parts, out_h)
+        out[:, h * group:(h + 1) * group] = out_h.reshape(n_tok, group, head_dim)
     return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _products(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
+    """out = softmax_masked(qh k^T * scale) v, each thread taking a run of the queries.
+
+    qh, out  # (T*G, HD) float32: row t*G + g is query head g of token t
+    k, v     # (N, HD) float32;  key_pos  # (N,) int64 ascending;  query_pos  # (T,) int64
+    """
+    n_tok = query_pos.shape[0]
+    for c in prange(n_parts):
+        t0, t1 = c * n_tok // n_parts, (c + 1) * n_tok // n_parts
+        s = np.dot(qh[t0 * group:t1 * group], k.T)                       # (R, N)
+        _masked_softmax(s, scale, key_pos, query_pos[t0:t1], group)
+        out[t0 * group:t1 * group] = np.dot(s, v)                        # (R, HD)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
@@ -398,13 +400,13 @@ def _decode_block(kc, kb, vc, vs, k_bits, v_bits, n_valid, k_out, v_out):
                 v_out[j, d + half] = (np.float32(c >> 4) - np.float32(8.0)) * sc
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def _masked_softmax(s, scale, key_pos, query_pos, group):
     """In place: row r (query t = r // group) of s (T*G, N) becomes softmax(s * scale) over
     the keys at positions <= query_pos[t]; later keys get 0. key_pos is ascending, so the
     allowed keys are a prefix of the row. exp is ggml's (vectorises, unlike libm's)."""
     n_rows, n_keys = s.shape
-    for r in prange(n_rows):
+    for r in range(n_rows):   # serial: each of blas.py's threads runs its own rows
         cnt = np.searchsorted(key_pos, query_pos[r // group], side="right")
         mx = _NEG_INF
         for j in range(cnt):
