@@ -27,6 +27,7 @@ import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot binds to it)
 from numba import njit, prange
 
+from . import kernels_f, kernels_k, kernels_q
 from .kernels_common import num_threads
 from .quants import QMatrix
 
@@ -63,10 +64,12 @@ def matmul(w: QMatrix, x: np.ndarray) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != n_in:
         raise ValueError(f"{w.name}: expected activations (n_tok, {n_in}), got {x.shape}")
     wf = _scratch(n_out * n_in)[:n_out * n_in].reshape(n_out, n_in)  # (n_out, n_in) float32
-    w.dequantize_into(wf)
+    n_parts = min(num_threads(), n_out)
+    kernel, args = w.rows_kernel
+    _PARALLEL_ROWS[kernel](*args, n_parts, wf)
     out = np.empty((x.shape[0], n_out), np.float32)                  # (T, n_out) float32
     with one_blas_thread():
-        _dot_rows(x, wf, min(num_threads(), n_out), out)
+        _dot_rows(x, wf, n_parts, out)
     return out
 
 
@@ -82,3 +85,47 @@ def _dot_rows(x, w, n_parts, out):
     for c in prange(n_parts):
         r0, r1 = c * n // n_parts, (c + 1) * n // n_parts
         out[:, r0:r1] = np.dot(x, w[r0:r1].T)
+
+
+# ---- Dequantizing every row, each thread a run of them: the serial rows kernels of each
+# weight family (bit-exact with gguf.quants) on parts of the matrix. One small kernel per
+# family, because numba does not cache a kernel that takes another kernel as an argument.
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_q4(qs, d, m, has_min, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        kernels_q.rows_q4(qs, d, m, has_min, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_q8_0(qs, d, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        kernels_q.rows_q8_0(qs, d, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_q45_k(d, dmin, scales, qh, qs, has_qh, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        kernels_k.rows_q45_k(d, dmin, scales, qh, qs, has_qh, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_q6_k(ql, qh, scales, d, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        kernels_k.rows_q6_k(ql, qh, scales, d, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_float(wt, kind, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        kernels_f.rows_float(wt, kind, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+_PARALLEL_ROWS = {kernels_q.rows_q4: _rows_q4, kernels_q.rows_q8_0: _rows_q8_0,
+                  kernels_k.rows_q45_k: _rows_q45_k, kernels_k.rows_q6_k: _rows_q6_k,
+                  kernels_f.rows_float: _rows_float}

@@ -76,7 +76,6 @@ class QMatrix:
         self.plain_scales = f16_plane_is_plain(*(self.planes[k] for k in _F16_PLANES.get(qtype, ())))
         self._rows_kernel, self._rows_args, self._mm_kernel, self._mm_args = self._bind_kernels()
         self._n_groups = -(-n_out // GROUP)  # the kernels run one chunk of groups per thread
-        self._all_rows = None
 
     def _bind_kernels(self):
         """(rows kernel, its leading arguments, matmul kernel, its leading arguments), chosen
@@ -143,11 +142,11 @@ class QMatrix:
         self._rows_kernel(*self._rows_args, ids, out)
         return out
 
-    def dequantize_into(self, out: np.ndarray) -> None:
-        """Every row as float32 into out (n_out, n_in) float32 (prefill's BLAS path)."""
-        if self._all_rows is None:
-            self._all_rows = np.arange(self.shape[0], dtype=np.int64)  # (n_out,) int64
-        self._rows_kernel(*self._rows_args, self._all_rows, out)
+    @property
+    def rows_kernel(self):
+        """(serial rows kernel, its leading arguments): kernel(*args, ids, out) dequantizes
+        rows ``ids`` into out; app/engine/blas.py runs it on parts of the matrix."""
+        return self._rows_kernel, self._rows_args
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         """x (n_in,) float32 -> (n_out,) float32. The decode path: ~200 calls per token, so it
