@@ -20,7 +20,14 @@ from .attention import ggml_expf
 from .blockkv import BlockKVCache, decode_keys
 from .kernels_common import num_threads
 from .kvcache import f16_to_f32
-from .sparse import Selection, SparseConfig, _rotate_vec, nominal_distance, rotate, select
+from .sparse import (
+    Selection,
+    SparseConfig,
+    _rotate_vec,
+    nominal_distance,
+    rotate,
+    select,
+)
 from .sparse_votes import observed_attention, observing
 
 _NEG_INF = np.float32(-np.inf)

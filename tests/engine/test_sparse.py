@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from app.engine import sparse_votes
 from app.engine.generate import prefill
 from app.engine.kvformat import KVSpec
 from app.engine.model import Model
@@ -204,8 +205,11 @@ def test_the_question_chooses_blocks_by_attention_mass_not_by_peak(model):
     assert sel.blocks.shape[1] == 1 + 1 + (-(-(n + 2) // B) - votes.shape[1])   # sink, retrieved, the rest
 
 
-def test_votes_are_the_softmax_shares_of_exact_block_masses(model):
-    """Differential: the votes equal plain numpy's log-sum-exp per block of the true scores."""
+@pytest.mark.parametrize("piece", [64, 3])
+def test_votes_are_the_softmax_shares_of_exact_block_masses(model, monkeypatch, piece):
+    """Differential: the votes equal plain numpy's log-sum-exp per block of the true scores
+    (also when each thread's blocks take several pieces)."""
+    monkeypatch.setattr(sparse_votes, "PIECE", piece)
     c = model.config
     n = 20 * B
     cfg = dict(mode="sparse", sinks=B, window=2 * B, top_k=2)
