@@ -413,7 +413,7 @@ def _masked_softmax(s, scale, key_pos, query_pos, group):
     the keys at positions <= query_pos[t]; later keys get 0. key_pos is ascending, so the
     allowed keys are a prefix of the row. exp is ggml's (vectorises, unlike libm's)."""
     n_rows, n_keys = s.shape
-    for r in range(n_rows):   # serial: each of blas.py's threads runs its own rows
+    for r in range(n_rows):   # serial: each thread of _products runs its own rows
         cnt = np.searchsorted(key_pos, query_pos[r // group], side="right")
         mx = _NEG_INF
         for j in range(cnt):
