@@ -28,7 +28,7 @@ import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot binds to it)
 from numba import njit, prange
 
 from . import kernels_f, kernels_k, kernels_q
-from .kernels_common import num_threads
+from .kernels_common import chunk_groups, num_threads
 from .quants import QMatrix
 
 BLAS_MIN_TOKENS = 32  # llama.cpp's BLAS backend: min_batch (ggml-blas.cpp)
@@ -59,10 +59,8 @@ def _scratch(size: int) -> np.ndarray:
 
 def matmul(w: QMatrix, x: np.ndarray) -> np.ndarray:
     """x (T, n_in) float32 -> (T, n_out) float32 = x @ W.T with W dequantized to float32."""
-    x = np.ascontiguousarray(x, dtype=np.float32)  # (T, n_in) float32
+    x = w.activations(x)                                             # (T, n_in) float32
     n_out, n_in = w.shape
-    if x.ndim != 2 or x.shape[1] != n_in:
-        raise ValueError(f"{w.name}: expected activations (n_tok, {n_in}), got {x.shape}")
     wf = _scratch(n_out * n_in)[:n_out * n_in].reshape(n_out, n_in)  # (n_out, n_in) float32
     n_parts = min(num_threads(), n_out)
     kernel, args = w.rows_kernel
@@ -83,7 +81,7 @@ def _dot_rows(x, w, n_parts, out):
     """
     n = w.shape[0]
     for c in prange(n_parts):
-        r0, r1 = c * n // n_parts, (c + 1) * n // n_parts
+        r0, r1 = chunk_groups(c, n_parts, n)
         out[:, r0:r1] = np.dot(x, w[r0:r1].T)
 
 
@@ -94,35 +92,35 @@ def _dot_rows(x, w, n_parts, out):
 @njit(parallel=True, nogil=True, cache=True)
 def _rows_q4(qs, d, m, has_min, n_out, n_parts, out):
     for c in prange(n_parts):
-        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        r0, r1 = chunk_groups(c, n_parts, n_out)
         kernels_q.rows_q4(qs, d, m, has_min, n_out, np.arange(r0, r1), out[r0:r1])
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _rows_q8_0(qs, d, n_out, n_parts, out):
     for c in prange(n_parts):
-        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        r0, r1 = chunk_groups(c, n_parts, n_out)
         kernels_q.rows_q8_0(qs, d, n_out, np.arange(r0, r1), out[r0:r1])
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _rows_q45_k(d, dmin, scales, qh, qs, has_qh, n_out, n_parts, out):
     for c in prange(n_parts):
-        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        r0, r1 = chunk_groups(c, n_parts, n_out)
         kernels_k.rows_q45_k(d, dmin, scales, qh, qs, has_qh, n_out, np.arange(r0, r1), out[r0:r1])
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _rows_q6_k(ql, qh, scales, d, n_out, n_parts, out):
     for c in prange(n_parts):
-        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        r0, r1 = chunk_groups(c, n_parts, n_out)
         kernels_k.rows_q6_k(ql, qh, scales, d, n_out, np.arange(r0, r1), out[r0:r1])
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _rows_float(wt, kind, n_out, n_parts, out):
     for c in prange(n_parts):
-        r0, r1 = c * n_out // n_parts, (c + 1) * n_out // n_parts
+        r0, r1 = chunk_groups(c, n_parts, n_out)
         kernels_f.rows_float(wt, kind, n_out, np.arange(r0, r1), out[r0:r1])
 
 

@@ -160,12 +160,18 @@ class QMatrix:
         self._mm_kernel(*self._mm_args, min(self._n_groups, num_threads()), x.reshape(1, n_in), out)
         return out[0]
 
+    def activations(self, x) -> np.ndarray:
+        """x as (n_tok, n_in) contiguous float32 for a product with this matrix, or a
+        ValueError naming the matrix and the shape it got."""
+        x = np.ascontiguousarray(x, dtype=np.float32)  # (n_tok, n_in) float32
+        if x.ndim != 2 or x.shape[1] != self.shape[1]:
+            raise ValueError(f"{self.name}: expected activations (n_tok, {self.shape[1]}), got {x.shape}")
+        return x
+
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x (n_tok, n_in) float32 -> (n_tok, n_out) float32."""
-        x = np.ascontiguousarray(x, dtype=np.float32)  # (n_tok, n_in) float32
-        n_out, n_in = self.shape
-        if x.ndim != 2 or x.shape[1] != n_in:
-            raise ValueError(f"{self.name}: expected activations (n_tok, {n_in}), got {x.shape}")
+        x = self.activations(x)                        # (n_tok, n_in) float32
+        n_out = self.shape[0]
         out = np.empty((x.shape[0], n_out), np.float32)  # (n_tok, n_out) float32
         if x.shape[0] == 0:
             return out

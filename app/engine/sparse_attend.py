@@ -18,7 +18,7 @@ from numba import njit, prange
 from . import blas
 from .attention import ggml_expf
 from .blockkv import BlockKVCache, decode_keys
-from .kernels_common import num_threads
+from .kernels_common import chunk_groups, num_threads
 from .kvcache import f16_to_f32
 from .sparse import (
     Selection,
@@ -341,7 +341,7 @@ def _products(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
     """
     n_tok = query_pos.shape[0]
     for c in prange(n_parts):
-        t0, t1 = c * n_tok // n_parts, (c + 1) * n_tok // n_parts
+        t0, t1 = chunk_groups(c, n_parts, n_tok)
         s = np.dot(qh[t0 * group:t1 * group], k.T)                       # (R, N)
         _masked_softmax(s, scale, key_pos, query_pos[t0:t1], group)
         out[t0 * group:t1 * group] = np.dot(s, v)                        # (R, HD)

@@ -34,7 +34,7 @@ from numba import njit, prange
 from . import blas  # noqa: F401  (scipy's cython BLAS, which numba's np.dot needs)
 from .attention import ggml_expf
 from .blockkv import BlockKVCache, decode_keys
-from .kernels_common import num_threads
+from .kernels_common import chunk_groups, num_threads
 from .sparse import SparseConfig, _rotate_vec, nominal_distance, rotate, select
 
 _NEG_INF = np.float32(-np.inf)
@@ -140,7 +140,7 @@ def _log_mass(bkc, bkb, okc, okb, nb_base, k_bits, h, blocks, place, cos, sin, n
     head_dim = qh.shape[1]
     n_blocks = blocks.shape[0]
     for c in prange(n_parts):
-        i0, i1 = c * n_blocks // n_parts, (c + 1) * n_blocks // n_parts
+        i0, i1 = chunk_groups(c, n_parts, n_blocks)
         keys = np.empty((piece * block, head_dim), np.float32)           # (piece*B, HD)
         raw = np.empty((block, head_dim), np.float32)                    # (B, HD)
         for p0 in range(i0, i1, piece):
