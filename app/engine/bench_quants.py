@@ -143,10 +143,10 @@ def bench_model(path: Path, n_threads: int, n_gen: int, rounds: int = 40) -> Non
 def _llama_cpp_decoder(path: Path, n_threads: int):
     """A function that runs n llama.cpp decode steps (as ellm's matvec path), or None."""
     try:
-        import llama_cpp
+        from app.engine.llamacpp_backend import open_llama
     except ImportError:
         return None
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=n_threads, n_threads_batch=n_threads,
+    llm = open_llama(path, n_ctx=2048, n_threads=n_threads, n_threads_batch=n_threads,
                           n_batch=64, verbose=False)
     prompt = llm.tokenize(b"Once upon a time")
 

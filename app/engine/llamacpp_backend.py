@@ -5,7 +5,10 @@ architectures our engine does not implement.
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from app.engine.backend import GenerationStats, SamplingParams
@@ -26,6 +29,57 @@ def quiet_llama_logs() -> None:
         llama_cpp.llama_log_set(_quiet_callback, None)
 
 
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU advertises Intel AMX (Sapphire Rapids and later Xeons)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return False
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return "amx_int8" in flags.split()
+
+
+_params_lock = threading.Lock()
+
+
+@contextmanager
+def _without_extra_buffers(llama_module):
+    """Load models with ``use_extra_bufts = false`` (llama.cpp's ``--no-repack``): weights stay
+    in the plain CPU buffer. llama-cpp-python's ``Llama`` takes its model parameters from
+    ``llama_model_default_params()`` and has no argument for this one, so the default is
+    swapped while the model loads."""
+    with _params_lock:
+        default = llama_module.llama_cpp.llama_model_default_params
+
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        llama_module.llama_cpp.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            llama_module.llama_cpp.llama_model_default_params = default
+
+
+def open_llama(model_path: str | Path, **kwargs):
+    """``llama_cpp.Llama(model_path, **kwargs)``, the one place this project creates one.
+
+    On CPUs with AMX, llama.cpp (llama-cpp-python 0.3.36, built natively) puts the weights in
+    its AMX buffer type and crashes in ``ggml_backend_amx_mul_mat`` at the first matrix
+    product (a segmentation fault, every model tried). There the extra buffer types (AMX and
+    the repacked layouts) are turned off, which is what ``llama-cli --no-repack`` does; the
+    products then run in ggml's plain vec_dot kernels."""
+    import llama_cpp
+    import llama_cpp.llama as llama_module
+
+    if kwargs.get("vocab_only") or not cpu_has_amx():
+        return llama_cpp.Llama(model_path=str(model_path), **kwargs)
+    with _without_extra_buffers(llama_module):
+        return llama_cpp.Llama(model_path=str(model_path), **kwargs)
+
+
 class LlamaCppBackend:
     name = "llamacpp"
 
@@ -36,8 +90,8 @@ class LlamaCppBackend:
 
         quiet_llama_logs()
         self.model_path = str(model_path)
-        self.llm = llama_cpp.Llama(
-            model_path=self.model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+        self.llm = open_llama(
+            self.model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
             n_threads_batch=n_threads, numa=numa, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
             verbose=False,
         )

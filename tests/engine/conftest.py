@@ -9,6 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from numba import njit, prange
 
+from app.engine.llamacpp_backend import open_llama
 from tests.engine.tiny_gguf import (
     LLAMA,
     QWEN2,
@@ -51,7 +52,7 @@ def llama_cpp():
 def llama_logits(llama_cpp, path: Path, prompt: list[int], steps: list[int], n_ctx: int = 256):
     """llama.cpp's logits: (T, V) for the prompt in one batch, then (len(steps), V) for each
     of ``steps`` fed one token at a time."""
-    llm = llama_cpp.Llama(str(path), n_ctx=n_ctx, logits_all=True, n_threads=2, verbose=False)
+    llm = open_llama(path, n_ctx=n_ctx, logits_all=True, n_threads=2, verbose=False)
     try:
         llm.eval(prompt)
         for t in steps:

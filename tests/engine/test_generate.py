@@ -7,6 +7,7 @@ from gguf import GGMLQuantizationType as Q
 
 from app.engine.backend import SamplingParams, stream_text
 from app.engine.generate import generate_tokens, prefill
+from app.engine.llamacpp_backend import open_llama
 from app.engine.model import Model
 from app.engine.sampling import Sampler
 
@@ -81,7 +82,7 @@ def backend(smollm2):
 
 @pytest.fixture(scope="module")
 def reference(smollm2, llama_cpp):
-    llm = llama_cpp.Llama(str(smollm2), n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False)
+    llm = open_llama(smollm2, n_ctx=1024, n_threads=2, n_threads_batch=2, verbose=False)
     yield llm
     llm.close()
 
