@@ -1,7 +1,7 @@
 """Attention-grounded citations: the passages the model attended to while it answered.
 
 The engine sums, per KV block, the attention mass every layer and head gave it during the
-answer (app/engine/sparse_attend.py). Here those blocks, spans of prompt tokens, are mapped
+answer (app/engine/attention/blocks.py). Here those blocks, spans of prompt tokens, are mapped
 through byte offsets to the pages of the prompt (ask.py lays pages out with ``[Page N]``
 markers) and to the text they hold. Blocks outside the documents (system prompt, question,
 the answer itself) are left out; the weights are shares of the mass the documents received.

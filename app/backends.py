@@ -35,10 +35,10 @@ def choose_engine(engine: str, model_path: Path) -> str:
 
 
 def thread_plan(threads: int = 0, numa: str = "distribute"):
-    """The thread plan of app/engine/threads.py for this machine: one thread per
+    """The thread plan of app/engine/cpu/plan.py and cpu/pinning.py for this machine: one thread per
     physical core by default, never two on SMT siblings."""
-    from app.engine.threads import plan_threads
-    from app.engine.topology import read_topology
+    from app.engine.cpu.plan import plan_threads
+    from app.engine.cpu.topology import read_topology
 
     return plan_threads(read_topology(), threads=threads, numa_policy=numa)
 
@@ -79,7 +79,7 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
         validate_model(model_path, n_ctx, reclaimable=reclaimable)
         if chosen == "llamacpp":
             from app.engine.llamacpp_backend import LlamaCppBackend
-            from app.engine.threads import llamacpp_kwargs
+            from app.engine.cpu.plan import llamacpp_kwargs
 
             # llama.cpp runs its own threads: the plan maps onto n_threads and its numa option.
             # Its attention is always dense; the KV setting maps onto its cache types.

@@ -307,7 +307,7 @@ def cmd_bench(ctx: Context) -> int:
         return bench_needle_folder(ctx, kvs, attentions, sparse)
     if a.passkey:
         return bench_passkey(ctx, engines, contexts, kvs, attentions, sparse)
-    from app.bench import BenchConfig, format_table, plot, run_bench
+    from app.bench.speed import BenchConfig, format_table, plot, run_bench
 
     pins = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(a.pin)
     if pins is None:
@@ -329,7 +329,7 @@ def cmd_bench(ctx: Context) -> int:
 
 
 def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
-    from app.engine.sparse import SparseConfig
+    from app.engine.attention.config import SparseConfig
     from app.needle import NeedleConfig, run_needle_folder
 
     a = ctx.args
@@ -382,7 +382,7 @@ def comma_list(text: str) -> tuple[str, ...]:
 
 def kv_names(text: str) -> tuple[str, ...]:
     """The KV formats of a comma list, by their canonical names; an unknown one is an error."""
-    from app.engine.kvformat import KVSpec
+    from app.engine.kv.formats import KVSpec
 
     names = []
     for name in comma_list(text):
@@ -398,7 +398,7 @@ def kv_names(text: str) -> tuple[str, ...]:
 def sparse_config(a):
     """The SparseConfig of --sinks --window --top-k --dense-layers --reselect --observe (engine defaults
     for those not given)."""
-    from app.engine.sparse import SPARSE_OPTIONS, SparseConfig
+    from app.engine.attention.config import SPARSE_OPTIONS, SparseConfig
 
     given = {k: getattr(a, k) for k in SPARSE_OPTIONS
              if getattr(a, k) is not None}
@@ -409,7 +409,7 @@ def sparse_config(a):
 
 
 def cmd_kv_probe(ctx: Context) -> int:
-    from app.bench import PROBE_TOKENS, ProbeError, probe_document
+    from app.bench.speed import PROBE_TOKENS, ProbeError, probe_document
 
     a = ctx.args
     limit = PROBE_TOKENS if a.tokens is None else a.tokens

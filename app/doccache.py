@@ -2,7 +2,7 @@
 
 A prefix (system prompt + the document's pages, as ask.py lays them out) is question-
 independent. The engine computes its KV cache once; this service stores it as a file
-(app/engine/kvfile.py) under the data directory, registers it in the store (``kv_caches``)
+(app/engine/kv/files.py) under the data directory, registers it in the store (``kv_caches``)
 and hands it back on the next question, memory-mapped. The file's key hashes the model,
 the cache settings and the exact prefix tokens, so a changed document, model or KV setting
 simply finds no file and computes a new one (the older file of that document is deleted).
@@ -72,7 +72,7 @@ class DocCaches:
             return "miss"
         if doc_id is None or not backend.blocked:
             return backend.ensure_prefix(tokens, cancel=cancel)
-        from app.engine.kvfile import KVFileError, load, save
+        from app.engine.kv.files import KVFileError, load, save
 
         path, meta, key, model_fp, signature = self.locate(backend, doc_id, tokens)
         row = self.store.kv_cache(doc_id, key)

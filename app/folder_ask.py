@@ -145,7 +145,7 @@ def _compose(backend, caches: DocCaches, parts: list[_Part], cancel, retry: bool
     whole (memory-mapped), then each other document without its header (the same tokens,
     already there). Returns each document's first token. A file that fails its checks is
     rebuilt, once."""
-    from app.engine.kvfile import KVFileError, append, load
+    from app.engine.kv.files import KVFileError, append, load
 
     cache = backend.cache
     cache.clear()

@@ -1,7 +1,7 @@
 """What this machine can do for decoding, and what to change: the data behind `ellm hw`.
 
 Shared by the CLI (``ellm hw [--json]``) and the GUI's hardware panel. Everything comes from
-the engine's topology, threads, bandwidth and kvcalc modules; this module only gathers it into
+the engine's topology, threads, bandwidth and kv_sizes modules; this module only gathers it into
 one JSON-ready dict and turns what looks wrong into warnings a person can act on.
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ import os
 import re
 from pathlib import Path
 
-from app.engine import kvcalc
-from app.engine.threads import llamacpp_kwargs, plan_threads
-from app.engine.topology import Topology, format_cpulist, parse_cpulist, read_topology
+from app.engine.kv import sizes as kv_sizes
+from app.engine.cpu.plan import llamacpp_kwargs, plan_threads
+from app.engine.cpu.topology import Topology, format_cpulist, parse_cpulist, read_topology
 
 GiB = 1 << 30
 
@@ -62,7 +62,7 @@ def hardware_report(sysfs_root=None, proc_root=None, model_path=None, kv: str = 
         "warnings": [],
     }
     if probe_bandwidth and topo.is_live:
-        from app.engine.bandwidth import probe_read_bandwidth
+        from app.engine.cpu.bandwidth import probe_read_bandwidth
         probe = probe_read_bandwidth()
         report["bandwidth_gb_s"] = round(probe.best_gb_s, 2)
         report["bandwidth"] = {"best_gb_s": round(probe.best_gb_s, 2), "median_gb_s": round(probe.median_gb_s, 2),
@@ -116,22 +116,22 @@ def format_report(report: dict) -> str:
 
 
 def _kv_section(topo: Topology, model_path, kv: str, doc_tokens, context: int | None) -> dict:
-    kvcalc.kv_spec(kv)                   # an unknown setting fails here, with the choices
+    kv_sizes.kv_spec(kv)                   # an unknown setting fails here, with the choices
     section = {"setting": kv, "bytes_per_token": None, "max_context": None, "recommended_context": None,
-               "wanted_context": kvcalc.wanted_context(doc_tokens), "requested_context": context,
+               "wanted_context": kv_sizes.wanted_context(doc_tokens), "requested_context": context,
                "model_context_length": None, "model_bytes": None, "free_bytes": topo.mem_available_bytes,
                "bytes_per_token_by_setting": None}
     if model_path is None:
         return section
-    shape = kvcalc.KVShape.from_gguf(model_path)
-    bpt = kvcalc.kv_bytes_per_token(shape, kv)
+    shape = kv_sizes.KVShape.from_gguf(model_path)
+    bpt = kv_sizes.kv_bytes_per_token(shape, kv)
     model_bytes = os.path.getsize(model_path)
-    max_ctx = kvcalc.max_context(bpt, topo.mem_available_bytes, model_bytes)
+    max_ctx = kv_sizes.max_context(bpt, topo.mem_available_bytes, model_bytes)
     section.update(
         bytes_per_token=bpt, max_context=max_ctx,
-        recommended_context=kvcalc.recommended_context(doc_tokens, max_ctx, shape.context_length),
+        recommended_context=kv_sizes.recommended_context(doc_tokens, max_ctx, shape.context_length),
         model_context_length=shape.context_length, model_bytes=model_bytes,
-        bytes_per_token_by_setting={k: kvcalc.kv_bytes_per_token(shape, k) for k in kvcalc.KV_SETTINGS},
+        bytes_per_token_by_setting={k: kv_sizes.kv_bytes_per_token(shape, k) for k in kv_sizes.KV_SETTINGS},
     )
     return section
 
@@ -243,12 +243,12 @@ def _context_fit(kv: dict) -> str | None:
         return None
     bpt, free, model = kv["bytes_per_token"], kv["free_bytes"], kv["model_bytes"]
     kv_bytes = bpt * target
-    margin = kvcalc.safety_margin(free)
+    margin = kv_sizes.safety_margin(free)
     needed = kv_bytes + model + margin
     source = "asked for" if kv["requested_context"] else "the documents need (95th percentile + 20%)"
     advice = f"use at most {kv['max_context']:,} tokens"
     smaller = [name for name, b in kv["bytes_per_token_by_setting"].items()
-               if b < bpt and target <= kvcalc.max_context(b, free, model)]
+               if b < bpt and target <= kv_sizes.max_context(b, free, model)]
     if smaller:
         advice += f", or KV setting {smaller[0]} which fits {target:,} tokens"
     advice += ", or free memory by closing other programs"

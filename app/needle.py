@@ -2,7 +2,7 @@
 
 N documents of filler prose totalling T tokens; in one of them, at a random depth, a pass key
 ("The pass key is 48213. Remember it. 48213 is the pass key."). Each document's KV cache is
-computed once and kept as a file (app/engine/kvfile.py); a question then lays all the caches
+computed once and kept as a file (app/engine/kv/files.py); a question then lays all the caches
 side by side (as app/folder_ask.py does) and asks for the key. Reported: accuracy over the
 trials, time to first token with warm caches (laying out the caches, prefilling the question,
 the first token), decode tokens/s at that context; beside them, for reference in the same run,
@@ -93,7 +93,7 @@ def _answer(backend, prompt: list[int], steps: int = 8) -> tuple[list[int], floa
 
 def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleReport:
     from app.engine.ellm_backend import EllmBackend
-    from app.engine.kvfile import append, load, save
+    from app.engine.kv.files import append, load, save
 
     rng = random.Random(cfg.seed)
     per_doc = cfg.tokens // cfg.n_docs
@@ -157,7 +157,7 @@ def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleRe
 
 
 def _decode_speed(backend, prompt: list[int], steps: int) -> tuple[float, int]:
-    from app.bench import decode_rate, timed_tokens
+    from app.bench.speed import decode_rate, timed_tokens
 
     _, stamps = timed_tokens(backend, prompt, steps)
     return decode_rate(stamps), backend.kv_stats()["kv_read_bytes_per_token"]
@@ -186,7 +186,7 @@ def _baseline(cfg: NeedleConfig, rng: random.Random, progress) -> dict:
 
 
 def _llamacpp_decode(cfg: NeedleConfig, progress) -> dict:
-    from app.bench import measure
+    from app.bench.speed import measure
     from app.engine.llamacpp_backend import LlamaCppBackend
 
     progress(f"llama.cpp dense decode at {cfg.llamacpp_context} tokens")

@@ -11,7 +11,7 @@ Greedy decoding of a few tokens; a trial is correct when the number appears in t
 Every attention mode (and engine) gets the very same prompts, so dense and sparse attention
 are compared trial for trial. Beyond the model's trained context dense attention is expected
 to fail (RoPE positions it never saw); sparse attention places the retrieved blocks inside
-the trained window (app/engine/sparse.py), which is the comparison this test exists for.
+the trained window (app/engine/attention/select.py), which is the comparison this test exists for.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.engine.sparse import SparseConfig
+    from app.engine.attention.config import SparseConfig
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where the needle sits, as a fraction of the prompt; cycled over trials
 SEED = 1234          # the keys of the trials (the same for every context, engine and attention)
@@ -161,9 +161,9 @@ def variants(cfg: PasskeyConfig) -> list[tuple[str, str, str]]:
 def run_passkey(cfg: PasskeyConfig, progress: Callable[[str], None] | None = None) -> dict:
     """Every variant at every context on the same prompts: {"machine", "config", "results"}."""
     from app.backends import default_threads
-    from app.bench import machine_info, open_engine
+    from app.bench.speed import machine_info, open_engine
     from app.engine.backend import SamplingParams
-    from app.engine.sparse import SparseConfig
+    from app.engine.attention.config import SparseConfig
 
     threads = cfg.threads or default_threads()
     cases = trial_cases(cfg.trials, cfg.seed)

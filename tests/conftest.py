@@ -10,7 +10,11 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from tests.docs.make_samples import (  # noqa: E402
-    make_epub, make_html, make_pdf, make_text, make_truncated_pdf,
+    make_epub,
+    make_html,
+    make_pdf,
+    make_text,
+    make_truncated_pdf,
 )
 
 TREATY_PAGES = [

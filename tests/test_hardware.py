@@ -6,10 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import kvcalc
-from app.engine.bandwidth import DecodeBytes, achieved_gb_s, bandwidth_line, probe_read_bandwidth
+from app.engine.cpu.bandwidth import (
+    DecodeBytes,
+    achieved_gb_s,
+    bandwidth_line,
+    probe_read_bandwidth,
+)
+from app.engine.kv import sizes as kv_sizes
 from app.hardware import format_report, hardware_report
-from tests.engine.fake_sysfs import XEON, no_numa_machine, one_node_vm, two_socket_server
+from tests.engine.fake_sysfs import (
+    XEON,
+    no_numa_machine,
+    one_node_vm,
+    two_socket_server,
+)
 
 GiB = 1 << 30
 POWERSAVE = ("the CPU frequency governor is powersave, which keeps clocks low; switch to performance: "
@@ -164,16 +174,16 @@ def test_documents_that_want_more_context_than_fits(tmp_path, smollm2):
 
 
 def test_kv_shape_and_bytes_per_token_of_smollm2(smollm2):
-    shape = kvcalc.KVShape.from_gguf(smollm2)
-    assert shape == kvcalc.KVShape(n_layers=30, n_kv_heads=3, key_length=64, value_length=64, context_length=8192)
-    assert kvcalc.kv_bytes_per_token(shape, "f16") == 2 * 30 * 3 * 64 * 2 == 23040
+    shape = kv_sizes.KVShape.from_gguf(smollm2)
+    assert shape == kv_sizes.KVShape(n_layers=30, n_kv_heads=3, key_length=64, value_length=64, context_length=8192)
+    assert kv_sizes.kv_bytes_per_token(shape, "f16") == 2 * 30 * 3 * 64 * 2 == 23040
     # per layer and KV head: key codes + f16 (lo, hi) per channel per block of 64 (4 bytes/token),
-    # value codes + one f16 scale per token (app/engine/kvformat.py)
-    assert kvcalc.kv_bytes_per_token(shape, "k8v8") == 30 * 3 * ((64 + 4) + (64 + 2)) == 12060
-    assert kvcalc.kv_bytes_per_token(shape, "k8v4") == 30 * 3 * ((64 + 4) + (32 + 2)) == 9180
-    assert kvcalc.kv_bytes_per_token(shape, "k4v4") == 30 * 3 * ((32 + 4) + (32 + 2)) == 6300
+    # value codes + one f16 scale per token (app/engine/kv/formats.py)
+    assert kv_sizes.kv_bytes_per_token(shape, "k8v8") == 30 * 3 * ((64 + 4) + (64 + 2)) == 12060
+    assert kv_sizes.kv_bytes_per_token(shape, "k8v4") == 30 * 3 * ((64 + 4) + (32 + 2)) == 9180
+    assert kv_sizes.kv_bytes_per_token(shape, "k4v4") == 30 * 3 * ((32 + 4) + (32 + 2)) == 6300
     with pytest.raises(ValueError, match="unknown KV setting 'q8_0': use one of f16, k8v8, k8v4, k4v4"):
-        kvcalc.kv_bytes_per_token(shape, "q8_0")
+        kv_sizes.kv_bytes_per_token(shape, "q8_0")
 
 
 def test_kv_report_section(tmp_path, smollm2):
@@ -192,27 +202,27 @@ def test_gguf_scalar_reader_agrees_with_gguf_py(smollm2):
     fields = GGUFReader(str(smollm2)).fields
     expected = {k: f.contents() for k, f in fields.items()
                 if not k.startswith("GGUF.") and not isinstance(f.contents(), list)}
-    assert kvcalc.read_gguf_scalars(smollm2) == expected
+    assert kv_sizes.read_gguf_scalars(smollm2) == expected
 
 
 def test_gguf_reader_refuses_other_files(tmp_path):
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"PK\x03\x04 not a model")
     with pytest.raises(ValueError, match="not a GGUF model file"):
-        kvcalc.KVShape.from_gguf(bad)
+        kv_sizes.KVShape.from_gguf(bad)
 
 
 def test_recommended_context_percentile_math():
     docs = [1000 * i for i in range(1, 21)]      # 1,000 .. 20,000 tokens
     # 95th percentile (linear): 19,000 + 0.05 x 1,000 = 19,050; + 20% = 22,860; up to x256 = 23,040
-    assert kvcalc.wanted_context(docs) == 23040
-    assert kvcalc.recommended_context(docs, max_ctx=100_000) == 23040
-    assert kvcalc.recommended_context(docs, max_ctx=20_000) == 20_000           # clamped to what fits
-    assert kvcalc.recommended_context([100, 200], max_ctx=100_000) == 1024      # at least 1024
-    assert kvcalc.wanted_context([100, 200]) == 256
-    assert kvcalc.wanted_context([]) is None
-    assert kvcalc.recommended_context([], max_ctx=100_000, default=8192) == 8192
-    assert kvcalc.max_context(1000, free_bytes=2 * GiB, model_bytes=GiB) == 0   # margin eats the rest
+    assert kv_sizes.wanted_context(docs) == 23040
+    assert kv_sizes.recommended_context(docs, max_ctx=100_000) == 23040
+    assert kv_sizes.recommended_context(docs, max_ctx=20_000) == 20_000           # clamped to what fits
+    assert kv_sizes.recommended_context([100, 200], max_ctx=100_000) == 1024      # at least 1024
+    assert kv_sizes.wanted_context([100, 200]) == 256
+    assert kv_sizes.wanted_context([]) is None
+    assert kv_sizes.recommended_context([], max_ctx=100_000, default=8192) == 8192
+    assert kv_sizes.max_context(1000, free_bytes=2 * GiB, model_bytes=GiB) == 0   # margin eats the rest
 
 
 # ---- Bandwidth -------------------------------------------------------------------

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .attention.config import SparseConfig
 from .backend import GenerationStats, SamplingParams
-from .blockkv import BlockKVCache
-from .chat import render_chat
 from .generate import PREFILL_CHUNK, generate_tokens, prefill, prefill_reusing_prefix
-from .kvformat import KVSpec, dense_f16_bytes_per_token
-from .model import Model
+from .kv.blocked import BlockKVCache
+from .kv.formats import KVSpec, dense_f16_bytes_per_token
+from .model.chat import render_chat
+from .model.tokenizer import Tokenizer
+from .model.transformer import Model
 from .sampling import Sampler
-from .sparse import SparseConfig
-from .tokenizer import Tokenizer
 
 
 class EllmBackend:
@@ -27,9 +27,9 @@ class EllmBackend:
     def __init__(self, model_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True,
                  kv: str = "f16", attention: str | SparseConfig = "dense"):
-        """kv: a KV setting name (app/engine/kvformat.py); attention: "dense", "sparse" or a
+        """kv: a KV setting name (app/engine/kv/formats.py); attention: "dense", "sparse" or a
         SparseConfig. f16 + dense keeps llama.cpp's cache and numerics; anything else uses the
-        blocked cache (app/engine/blockkv.py)."""
+        blocked cache (app/engine/kv/blocked.py)."""
         self.model_path = str(model_path)
         self.n_threads = n_threads
         self._thread_plan = _plan_threads(n_threads, numa)
@@ -142,7 +142,7 @@ class EllmBackend:
             b = self.kv_spec.block
             attended = min(n, self.attention.budget_tokens(b))
             # Ranked by the question's votes: no bounds read per step (the question read every
-            # block's keys once, sparse_votes.py); ranked by the bounds: all of them, each step.
+            # block's keys once, attention/votes.py); ranked by the bounds: all of them, each step.
             bounds = 0 if self.attention.observe else (-(-n // b)) * c.n_layers * c.n_kv_heads * 2 * 2 * c.head_dim
             read = attended * stored + bounds
         else:
@@ -159,7 +159,7 @@ class EllmBackend:
 
     def _observe(self, prompt: list[int]) -> None:
         """Sparse attention: the prompt's last tokens choose the blocks decoding reads
-        (app/engine/sparse_votes.py), so they are computed afresh even when the cache still
+        (app/engine/attention/votes.py), so they are computed afresh even when the cache still
         holds them, though never below the document's checkpoint."""
         cache = self.cache
         cache.votes.clear()
@@ -242,10 +242,10 @@ class EllmBackend:
 
 
 def _plan_threads(n_threads: int | None, numa: str = "distribute"):
-    """The thread plan of app/engine/threads.py (one thread per physical core by default)."""
+    """The thread plan of app/engine/cpu/plan.py and cpu/pinning.py (one thread per physical core by default)."""
     try:
-        from .threads import plan_threads
-        from .topology import read_topology
+        from .cpu.plan import plan_threads
+        from .cpu.topology import read_topology
         return plan_threads(read_topology(), threads=n_threads or 0, numa_policy=numa)
     except (ImportError, OSError, ValueError):
         return n_threads
@@ -256,8 +256,8 @@ def _apply_threads(plan) -> None:
     plan, e.g. on a machine whose /sys we cannot read."""
     if plan is None or isinstance(plan, int):
         # unpinned: undo any earlier apply in this process, or this run would stay pinned
-        from .threads import unpin
+        from .cpu.pinning import unpin
         unpin(plan or 0)
         return
-    from .threads import apply
+    from .cpu.pinning import apply
     apply(plan)

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .kvcache import KVCache
-from .model import Model
+from .kv.dense import KVCache
+from .model.transformer import Model
 from .sampling import Sampler
 
 PREFILL_CHUNK = 256  # tokens per prefill matmul; llama.cpp's default n_ubatch is 512

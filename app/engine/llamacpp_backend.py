@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from app.engine.backend import GenerationStats, SamplingParams
-from app.engine.chat import render_chat
 
+from .model.chat import render_chat
 
 _quiet_callback = None
 

@@ -53,10 +53,10 @@ def settings_fields() -> set[str]:
 def sparse_default(name: str) -> int:
     """The engine's default of a sparse attention option (its KV block for "block")."""
     if name == "block":
-        from app.engine.kvformat import BLOCK
+        from app.engine.kv.formats import BLOCK
 
         return BLOCK
-    from app.engine.sparse import SparseConfig
+    from app.engine.attention.config import SparseConfig
 
     return int(getattr(SparseConfig(), name))
 
@@ -316,7 +316,7 @@ class SettingsDialog(QDialog):
         store = self.session.store
 
         def work(ctl):  # a ProbeError's message reaches sig_error as it is
-            from app.bench import PROBE_TOKENS, probe_document
+            from app.bench.speed import PROBE_TOKENS, probe_document
 
             return doc, probe_document(store, doc, model_path, kv, PROBE_TOKENS, threads, numa,
                                        progress=lambda done, total: ctl.progress(done, total, "tokens"),

@@ -5,8 +5,8 @@ import json
 
 from gguf import GGUFReader
 
-from app.bench import kv_bytes_per_token, model_bytes
-from app.engine.kvcalc import KVShape
+from app.bench.speed import kv_bytes_per_token, model_bytes
+from app.engine.kv.sizes import KVShape
 from app.models import default_model_path
 
 

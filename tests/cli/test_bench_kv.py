@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-import app.bench
-from app.bench import BenchConfig, Run, add_ratios, format_table, plan_runs
+import app.bench.speed
+from app.bench.speed import BenchConfig, Run, add_ratios, format_table, plan_runs
 from tests.docs.make_samples import make_text
 from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
 
@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture
 def no_bandwidth_probe(monkeypatch):
-    monkeypatch.setattr(app.bench, "read_bandwidth_gb_s", lambda: 10.0)
+    monkeypatch.setattr(app.bench.speed, "read_bandwidth_gb_s", lambda: 10.0)
 
 
 def test_every_kv_and_attention_combination_on_ellm(cli, tiny, tmp_path, no_bandwidth_probe):

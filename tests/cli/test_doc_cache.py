@@ -8,7 +8,7 @@ import pytest
 from app import backends
 from app.ask import ask
 from app.config import Paths
-from app.engine.kvfile import load, read_header
+from app.engine.kv.files import read_header
 from app.session import Session
 
 SETTINGS = {"engine": "ellm", "kv": "k8v4", "attention": "sparse", "n_ctx": 2048}

@@ -8,8 +8,8 @@ from typing import ClassVar
 import pytest
 from gguf import GGUFReader
 
-import app.bench
-from app.engine.tokenizer import Tokenizer
+import app.bench.speed
+from app.engine.model.tokenizer import Tokenizer
 from app.passkey import DEPTHS, HEADER, NEEDLE, QUESTION, build_prompt, trial_cases
 from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
 
@@ -96,7 +96,7 @@ class OracleBackend:
 
 def test_accuracy_per_mode_and_depth_from_the_same_prompts(cli, tiny, tokenizer, tmp_path, monkeypatch):
     OracleBackend.prompts = []
-    monkeypatch.setattr(app.bench, "open_engine",
+    monkeypatch.setattr(app.bench.speed, "open_engine",
                         lambda engine, path, n_ctx, threads, pin=True, kv="f16", attention=None:
                         OracleBackend(tokenizer, attention))
     out = tmp_path / "pk.json"

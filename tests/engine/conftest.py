@@ -150,7 +150,7 @@ def qmatrix_matches_llamacpp_bitwise() -> bool:
         return False
     import gguf
 
-    from app.engine.quants import QMatrix
+    from app.engine.quant.qmatrix import QMatrix
     rng = np.random.default_rng(5)
     w = rng.standard_normal((96, 576)).astype(np.float32)
     x = rng.standard_normal(576).astype(np.float32)
@@ -168,7 +168,7 @@ def llamacpp_exact_matmul(monkeypatch):
     flags = _cpu_flags()
     if not {"avx2", "fma", "f16c"} <= flags or "avx512f" in flags:
         pytest.skip("the emulated lanes are those of llama.cpp's AVX2 kernels")
-    from app.engine.quants import QMatrix
+    from app.engine.quant.qmatrix import QMatrix
 
     cache: dict[int, tuple] = {}
 
@@ -195,5 +195,5 @@ def _unpinned_after_each_test():
     """An engine built with the default plan pins pytest's main thread to one CPU; a later
     test (or a child process, which inherits the affinity) would then run on that CPU alone."""
     yield
-    from app.engine.threads import unpin
+    from app.engine.cpu.pinning import unpin
     unpin()

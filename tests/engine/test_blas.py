@@ -1,4 +1,4 @@
-"""Prefill's BLAS path (app/engine/blas.py): weights dequantized to float32, products by a
+"""Prefill's BLAS path (app/engine/quant/blas.py): weights dequantized to float32, products by a
 one-thread sgemm on each of numba's threads."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from app.engine import blas
 from app.engine.generate import decode_one_token, prefill
-from app.engine.model import Model, _linear
-from app.engine.quants import QMatrix
+from app.engine.model.transformer import Model, _linear
+from app.engine.quant import blas
+from app.engine.quant.qmatrix import QMatrix
 from tests.engine.conftest import llama_logits
 from tests.engine.test_model import TOLERANCE, assert_logits_close
 from tests.engine.test_quants import ALL_TYPES, make_acts, make_raw

@@ -3,19 +3,18 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from app.engine.blockkv import BlockKVCache
-from app.engine.config import ModelConfig
+from app.engine.attention.config import SparseConfig
 from app.engine.generate import prefill
-from app.engine.kvcalc import KVShape, kv_bytes_per_token
-from app.engine.kvfile import KVFileError, load, save
-from app.engine.kvformat import KVSpec
-from app.engine.model import Model
-from app.engine.sparse import SparseConfig
+from app.engine.kv.blocked import BlockKVCache
+from app.engine.kv.files import KVFileError, load, save
+from app.engine.kv.formats import KVSpec
+from app.engine.kv.sizes import KVShape, kv_bytes_per_token
+from app.engine.model.config import ModelConfig
+from app.engine.model.transformer import Model
 
 SPECS = ("f16", "k8v8", "k8v4", "k4v4")
 

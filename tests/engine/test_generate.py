@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as Q
 from app.engine.backend import SamplingParams, stream_text
 from app.engine.generate import generate_tokens, prefill
 from app.engine.llamacpp_backend import open_llama
-from app.engine.model import Model
+from app.engine.model.transformer import Model
 from app.engine.sampling import Sampler
 
 PROMPT = [5, 977, 12, 1500, 44, 300, 2001, 87, 640, 19, 1024, 256]

@@ -8,11 +8,18 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from app.engine.attention import attend, attend_reference, ggml_expf
-from app.engine.config import ROPE_NEOX, ROPE_NORMAL, ModelConfig, UnsupportedModelError
+from app.engine.attention.dense import attend, attend_reference
 from app.engine.generate import decode_one_token, prefill, prefill_reusing_prefix
-from app.engine.kvcache import KVCache, f16_to_f32, f32_to_f16
-from app.engine.model import Model
+from app.engine.kv.dense import KVCache
+from app.engine.model.config import (
+    ROPE_NEOX,
+    ROPE_NORMAL,
+    ModelConfig,
+    UnsupportedModelError,
+)
+from app.engine.model.transformer import Model
+from app.engine.ops.expf import ggml_expf
+from app.engine.ops.f16 import f16_to_f32, f32_to_f16
 from tests.engine.conftest import llama_logits
 
 PROMPT = [5, 977, 12, 1500, 44, 300, 2001, 87, 640, 19, 1024, 256, 7, 1999, 333, 42, 818, 99, 1400, 61]
@@ -243,7 +250,7 @@ def test_rope_tables_follow_ggml(tiny_model):
 
 
 def test_kv_cache_update_and_truncate():
-    from app.engine.config import ModelConfig as MC
+    from app.engine.model.config import ModelConfig as MC
     c = MC(arch="llama", n_layers=2, dim=32, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
            vocab_size=10, context_length=16, rms_eps=1e-6, rope_type=ROPE_NORMAL)
     cache = KVCache(c, 16)

@@ -21,8 +21,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from app.engine import kernels_act, kernels_common
-from app.engine.quants import QMatrix, release_file_pages
+from app.engine.ops import f16
+from app.engine.quant import activations, layout
+from app.engine.quant.qmatrix import QMatrix, release_file_pages
 
 F32 = np.float32
 N_OUT, N_IN, N_TOK = 200, 512, 3          # 200 rows: 12 groups of 16 plus a narrower one of 8
@@ -432,11 +433,11 @@ def test_q8_0_and_q8_1_activations_match_x86_quantize_row():
     xq = np.empty(x.shape, np.int16)
     dx = np.empty(d.shape, F32)
     qs = np.empty(d.shape, np.int32)
-    kernels_act.quantize_q8_0(x, xq, dx, qs)
+    activations.quantize_q8_0(x, xq, dx, qs)
     assert np.array_equal(xq.reshape(q.shape), q)
     assert np.array_equal(dx, d) and np.array_equal(qs, qsum)
     sx = np.empty(d.shape, F32)
-    kernels_act.quantize_q8_1(x, xq, dx, sx)
+    activations.quantize_q8_1(x, xq, dx, sx)
     assert np.array_equal(dx, d) and np.array_equal(sx, s)
     # the ties of make_acts: ties to even as _mm256_round_ps, not roundf's away from zero
     assert xq[-1, 96] == 0 and xq[-1, 100] == -2
@@ -467,7 +468,7 @@ def test_q8_0_uses_127_over_amax_not_one_over_d():
     xq = np.empty(x.shape, np.int16)
     dx = np.empty(d.shape, F32)
     qs = np.empty(d.shape, np.int32)
-    kernels_act.quantize_q8_0(x, xq, dx, qs)
+    activations.quantize_q8_0(x, xq, dx, qs)
     assert np.array_equal(xq.reshape(q.shape), q)
 
 
@@ -479,7 +480,7 @@ def test_q8_k_activations_match_quantize_row_q8_k_ref():
     xq = np.empty(x.shape, np.int16)
     dk = np.empty(d.shape, F32)
     bs = np.empty((N_TOK, N_IN // 16), np.int32)
-    kernels_act.quantize_q8_k(x, xq, dk, bs)
+    activations.quantize_q8_k(x, xq, dk, bs)
     assert np.array_equal(xq.reshape(q.shape), q)
     assert np.array_equal(dk, d)
     assert np.array_equal(bs.reshape(bsums.shape), bsums)
@@ -491,7 +492,7 @@ def test_q8_k_activations_match_quantize_row_q8_k_ref():
 def test_f16_to_f32_is_exact_for_every_bit_pattern():
     bits = np.arange(65536, dtype=np.uint16)
     out = np.empty(65536, F32)
-    kernels_common.f16_to_f32(bits, out)
+    f16.decode_f16(bits, out)
     expected = bits.view(np.float16).astype(F32)
     nan = np.isnan(expected)
     assert np.array_equal(np.isnan(out), nan)
@@ -506,12 +507,12 @@ def test_round_to_f16_and_bf16_match_numpy_and_gguf():
                   3 * 2.0 ** -26, 2.0 ** -14, 2.0 ** -14 * (1 - 2.0 ** -11), 1 + 2.0 ** -11,
                   1 + 3 * 2.0 ** -11, np.inf, -np.inf], F32)])
     r16 = v.copy()
-    kernels_common.round_to_f16(r16)
+    f16.round_f16_in_place(r16)
     with np.errstate(over="ignore"):                    # 1e9 -> inf is the point
         expected = v.astype(np.float16).astype(F32)
     assert np.array_equal(r16.view(np.uint32), expected.view(np.uint32))
     rb = v.copy()
-    kernels_common.round_to_bf16(rb)
+    f16.round_bf16_in_place(rb)
     expected = quants.dequantize(quants.quantize(v, Q.BF16), Q.BF16)
     assert np.array_equal(rb.view(np.uint32), expected.view(np.uint32))
 
@@ -520,8 +521,8 @@ def test_round_to_f16_and_bf16_match_numpy_and_gguf():
 
 def test_tile_plane_roundtrip_and_addressing():
     plane = np.arange(200 * 7, dtype=np.int32).reshape(200, 7)
-    flat = kernels_common.tile_plane(plane)
-    assert np.array_equal(kernels_common.untile_plane(flat, 200, 7), plane)
+    flat = layout.tile_plane(plane)
+    assert np.array_equal(layout.untile_plane(flat, 200, 7), plane)
     r, c = 130, 5                     # group 8 (r0 = 128, w = 16), row 2 of it
     assert flat[128 * 7 + c * 16 + (r - 128)] == plane[r, c]
     r = 197                           # the narrow last group: r0 = 192, w = 8
@@ -529,9 +530,9 @@ def test_tile_plane_roundtrip_and_addressing():
 
 
 def test_threads_take_balanced_runs_of_groups():
-    runs = [kernels_common.chunk_groups(c, 2, 36) for c in range(2)]      # 576 rows on 2 threads
+    runs = [layout.chunk_groups(c, 2, 36) for c in range(2)]      # 576 rows on 2 threads
     assert runs == [(0, 18), (18, 36)]
-    runs = [kernels_common.chunk_groups(c, 3, 13) for c in range(3)]
+    runs = [layout.chunk_groups(c, 3, 13) for c in range(3)]
     assert runs[0][0] == 0 and runs[-1][1] == 13 and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
     assert max(g1 - g0 for g0, g1 in runs) - min(g1 - g0 for g0, g1 in runs) <= 1
 

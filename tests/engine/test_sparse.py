@@ -6,12 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from app.engine import sparse_votes
+from app.engine.attention import votes as sparse_votes
+from app.engine.attention.blocks import attend_blocks
+from app.engine.attention.config import SparseConfig
+from app.engine.attention.select import select
 from app.engine.generate import prefill
-from app.engine.kvformat import KVSpec
-from app.engine.model import Model
-from app.engine.sparse import SparseConfig, select
-from app.engine.sparse_attend import attend_blocks
+from app.engine.kv.formats import KVSpec
+from app.engine.model.transformer import Model
 
 B = 16
 
@@ -104,7 +105,7 @@ def test_selection_picks_the_block_whose_keys_match_the_query(model):
             pos = planted * B + j
             rel = n - planted * B
             qh = q[0, h * group]
-            from app.engine.sparse import rotate
+            from app.engine.ops.rope import rotate
             qr = rotate(qh[None, None, :], cos[[rel]], sin[[rel]], model.neox)[0, 0]
             keys[pos, h * c.head_dim:(h + 1) * c.head_dim] = 20.0 * qr / np.linalg.norm(qr)   # bound 20|q| vs ~1.8 sum|q| of random blocks
     for layer in range(c.n_layers):
@@ -150,12 +151,12 @@ def test_decode_credits_attention_mass_to_retrieved_blocks_only(model):
     assert 0 not in credited and not (credited >= n_blocks - 3).any()
 
 
-# ---- Question-aware choice (sparse_votes.py) ------------------------------------------------
+# ---- Question-aware choice (attention/votes.py) ------------------------------------------------
 
 
 def _rotated(model, q, rel):
     """q (HD,) turned by a distance rel: what a block-frame key must equal to score q . k."""
-    from app.engine.sparse import rotate
+    from app.engine.ops.rope import rotate
     cos, sin = model.rope.rows(0, rel + 1)
     return rotate(q[None, None, :], cos[[rel]], sin[[rel]], model.neox)[0, 0]
 

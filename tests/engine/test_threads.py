@@ -12,12 +12,25 @@ import numba
 import numpy as np
 import pytest
 
-from app.engine.threads import (
-    NodeRows, NodeShare, ThreadPlan, apply, empty_first_touched, first_touch, llamacpp_kwargs,
-    node_row_ranges, page_nodes, plan_threads, thread_row_ranges,
+from app.engine.cpu.numa import empty_first_touched, first_touch, page_nodes
+from app.engine.cpu.pinning import apply
+from app.engine.cpu.plan import (
+    NodeRows,
+    NodeShare,
+    ThreadPlan,
+    llamacpp_kwargs,
+    node_row_ranges,
+    plan_threads,
+    thread_row_ranges,
 )
-from app.engine.topology import read_topology
-from tests.engine.fake_sysfs import FakeNode, GiB_KB, no_numa_machine, one_node_vm, two_socket_server
+from app.engine.cpu.topology import read_topology
+from tests.engine.fake_sysfs import (
+    FakeNode,
+    GiB_KB,
+    no_numa_machine,
+    one_node_vm,
+    two_socket_server,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,8 +194,9 @@ PIN_SCRIPT = textwrap.dedent("""
     os.sched_setaffinity(0, range(os.cpu_count()))
     import threading
     import numba, numpy as np
-    from app.engine.threads import apply, current_plan, plan_threads, unpin
-    from app.engine.topology import read_topology, parse_cpulist
+    from app.engine.cpu.pinning import apply, current_plan, unpin
+    from app.engine.cpu.plan import plan_threads
+    from app.engine.cpu.topology import parse_cpulist, read_topology
 
     sched_getcpu = ctypes.CDLL(None).sched_getcpu
     sched_getcpu.argtypes = []
@@ -303,24 +317,24 @@ def test_apply_pins_with_the_workqueue_layer_too():
 def test_placed_empty_first_touches_each_nodes_rows_on_a_multi_node_plan(monkeypatch):
     import dataclasses
 
-    from app.engine import threads
+    from app.engine.cpu import numa
 
     plan = plan_threads(read_topology())
-    assert threads.placed_empty(10, np.uint8, plan).shape == (10,)  # one node: plain np.empty
+    assert numa.placed_empty(10, np.uint8, plan).shape == (10,)  # one node: plain np.empty
     touched = []
-    monkeypatch.setattr(threads, "first_touch", lambda a, p, axis=0: touched.append((a.shape, p, axis)) or a)
+    monkeypatch.setattr(numa, "first_touch", lambda a, p, axis=0: touched.append((a.shape, p, axis)) or a)
     two_nodes = dataclasses.replace(plan, per_node=plan.per_node * 2)
-    out = threads.placed_empty((64, 3), np.int8, two_nodes)
+    out = numa.placed_empty((64, 3), np.int8, two_nodes)
     assert out.shape == (64, 3) and touched == [((64, 3), two_nodes, 0)]
 
 
 def test_repacked_weights_are_allocated_through_the_placement_hook(monkeypatch):
-    from app.engine import kernels_common
+    from app.engine.quant import layout
 
     calls = []
-    real = kernels_common.placed_empty
-    monkeypatch.setattr(kernels_common, "placed_empty", lambda shape, dtype: calls.append(shape) or real(shape, dtype))
+    real = layout.placed_empty
+    monkeypatch.setattr(layout, "placed_empty", lambda shape, dtype: calls.append(shape) or real(shape, dtype))
     plane = np.arange(40 * 6, dtype=np.uint8).reshape(40, 6)  # (n_out, k)
-    flat = kernels_common.tile_plane(plane)
+    flat = layout.tile_plane(plane)
     assert calls == [240]
-    assert np.array_equal(kernels_common.untile_plane(flat, 40, 6), plane)
+    assert np.array_equal(layout.untile_plane(flat, 40, 6), plane)

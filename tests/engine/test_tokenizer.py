@@ -1,4 +1,4 @@
-"""app.engine.tokenizer against llama.cpp (llama-cpp-python) on the same GGUF files.
+"""app.engine.model.tokenizer against llama.cpp (llama-cpp-python) on the same GGUF files.
 
 Vocabularies: SmolLM2's own (gpt2 / smollm), smaller cuts of it written with other
 pre-tokenizers (qwen2, llama-bpe, gpt-2, default), and tiny SentencePiece ("llama") ones.
@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from app.engine.tokenizer import Tokenizer
+from app.engine.model.tokenizer import Tokenizer
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

@@ -3,11 +3,21 @@ from __future__ import annotations
 
 import os
 
-
-from app.engine.topology import (
-    Core, NumaNode, Topology, format_cpulist, parse_cpulist, read_topology, resolve_roots,
+from app.engine.cpu.topology import (
+    Core,
+    NumaNode,
+    Topology,
+    format_cpulist,
+    parse_cpulist,
+    read_topology,
+    resolve_roots,
 )
-from tests.engine.fake_sysfs import XEON, no_numa_machine, one_node_vm, two_socket_server
+from tests.engine.fake_sysfs import (
+    XEON,
+    no_numa_machine,
+    one_node_vm,
+    two_socket_server,
+)
 
 GiB = 1 << 30
 

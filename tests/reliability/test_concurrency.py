@@ -17,7 +17,14 @@ from app.session import Session
 from app.store import Store
 from tests.conftest import TREATY_PAGES
 from tests.docs.make_samples import make_pdf
-from tests.reliability.helpers import cli_env, query, read_until, run_cli, start_cli, store_problems
+from tests.reliability.helpers import (
+    cli_env,
+    query,
+    read_until,
+    run_cli,
+    start_cli,
+    store_problems,
+)
 
 FAST = Settings(engine="llamacpp", n_ctx=2048, max_tokens=24, temperature=0.0, threads=1)
 WORDS = "river treaty lighthouse keeper lamp tolls barges lock railway harbour cargo flood bridge mill".split()

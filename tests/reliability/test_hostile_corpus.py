@@ -12,7 +12,13 @@ import pytest
 
 from app.docs.limits import MAX_TEXT_BYTES, PAGE_CHARS
 from tests.conftest import TREATY_PAGES
-from tests.docs.make_samples import make_encrypted_pdf, make_epub, make_pdf, make_text, make_truncated_pdf
+from tests.docs.make_samples import (
+    make_encrypted_pdf,
+    make_epub,
+    make_pdf,
+    make_text,
+    make_truncated_pdf,
+)
 from tests.reliability.helpers import (
     MiB,
     cli_env,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 
 from app.config import Settings
-from app.engine.kvformat import BLOCK
-from app.engine.sparse import SparseConfig
+from app.engine.attention.config import SparseConfig
+from app.engine.kv.formats import BLOCK
 from app.ui.settings_dialog import KV_PRECISIONS, SPARSE_FIELDS
 from tests.ui.conftest import FAST
 

@@ -1,0 +1,425 @@
+"""Attention over selected blocks of the blocked KV cache (app/engine/attention/select.py chooses them).
+
+decode  (one query token): ``_decode_kernel`` reads each selected block once for all the
+        query heads of its KV head, straight from the quantized codes: a key code c in
+        channel d is lo_d + c step_d, so q . k = sum_d lo_d q_d + sum_d (q_d step_d) c, and a
+        value is scale_j (c - offset). Online softmax with a running max per head
+        (FlashAttention, Dao et al. 2022), the block list split across threads and the
+        partial results merged by their log-sum-exp.
+prefill (a chunk of T tokens): the selected blocks are decoded and rotated to their placed
+        positions once per chunk and KV head, then scores and outputs are two BLAS matrix
+        products; the causal mask uses true positions.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..kv.blocked import BlockKVCache, decode_keys
+from ..ops.expf import ggml_expf
+from ..ops.f16 import f16_to_f32
+from ..ops.rope import rotate, rotate_vec
+from ..quant import blas
+from ..quant.layout import chunk_groups, num_threads
+from .config import SparseConfig
+from .select import Selection, nominal_distance, select
+from .votes import observed_attention, observing
+
+_NEG_INF = np.float32(-np.inf)
+
+
+def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg: SparseConfig,
+                  rope, neox: bool) -> np.ndarray:
+    """Attention of queries q (T, H, HD) float32 (before RoPE) at positions pos0.. over the
+    cache of ``layer``, which already holds their keys and values. Returns (T, H, HD) float32.
+
+    rope: the model's RopeTables (cos/sin by position). The last prompt tokens (the question,
+    ``cache.observe``) choose their blocks by exact attention mass and vote for the blocks
+    decoding reads (attention/votes.py).
+    """
+    n_tok, _, head_dim = q.shape
+    n = pos0 + n_tok
+    first = observing(cache, cfg, pos0, n_tok)
+    if first is not None:
+        cos, sin = rope.rows(0, max(n, nominal_distance(cfg, cache.block)) + cache.block + 1)
+        a = cache.arrays(layer)
+        scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
+
+        def attend_one(q_t, n_limit, sel):
+            return _decode(q_t, a, cache, n, n_limit, sel, cos, sin, neox, scale)
+
+        with blas.one_blas_thread():
+            tail = observed_attention(q[first:], cache, layer, pos0 + first, cfg, cos, sin, neox, attend_one)
+        if tail is not None:
+            if first == 0:
+                return tail
+            out = np.empty(q.shape, np.float32)                     # (T, H, HD)
+            out[first:] = tail
+            out[:first] = _attend(q[:first], cache, layer, pos0, cfg, rope, neox, n)
+            return out
+    return _attend(q, cache, layer, pos0, cfg, rope, neox, n)
+
+
+def _attend(q, cache: BlockKVCache, layer: int, pos0: int, cfg: SparseConfig, rope, neox: bool,
+            n: int) -> np.ndarray:
+    """attend_blocks for queries at pos0.. when the cache holds ``n`` tokens (>= pos0 + T:
+    the later ones are masked)."""
+    n_tok, _, head_dim = q.shape
+    cos, sin = rope.rows(0, n + 1)
+    sel = _selection(cache, layer, q, pos0, cfg, cos, sin, neox)
+    need = int(max(sel.place.max(initial=0), sel.qpos.max(initial=0))) + cache.block + 1
+    if need > cos.shape[0]:
+        cos, sin = rope.rows(0, need)
+    scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
+    a = cache.arrays(layer)
+    if n_tok == 1:
+        return _decode(q, a, cache, n, pos0 + 1, sel, cos, sin, neox, scale)
+    if sel.ranked and n_tok <= PER_QUERY_MAX:
+        # A short chunk (a question after a cached document) chooses blocks query by query,
+        # as decoding does: a chunk-wide mean query would let the question's tokens share
+        # one choice with everything else in the chunk.
+        out = np.empty(q.shape, np.float32)                        # (T, H, HD)
+        for t in range(n_tok):
+            sel_t = select(cache, layer, q[t:t + 1], pos0 + t, cfg, cos, sin, neox)
+            out[t] = _decode(q[t:t + 1], a, cache, n, pos0 + t + 1, sel_t, cos, sin, neox, scale)[0]
+        return out
+    return _prefill(q, a, cache, pos0, n, sel, cos, sin, neox, scale)
+
+
+PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
+
+
+def _selection(cache, layer, q, pos0, cfg, cos, sin, neox) -> Selection:
+    """select(), or during decode the previous step's blocks for up to ``cfg.reselect`` steps
+    while the new token stays in the same (last) block."""
+    if q.shape[0] > 1 or cfg.reselect == 1 or cfg.mode == "dense":
+        cache.selection.pop(layer, None)
+        return select(cache, layer, q, pos0, cfg, cos, sin, neox)
+    prev = cache.selection.get(layer)
+    if prev is not None and pos0 - prev[0] < cfg.reselect and pos0 // cache.block == int(prev[1].blocks[0, -1]):
+        old = prev[1]
+        ns = old.blocks.shape[1]
+        qpos = (ns - 1) * cache.block + pos0 % cache.block if old.compressed else pos0
+        return Selection(old.blocks, old.place, np.array([qpos], np.int64), old.compressed, old.retrieved,
+                         old.ranked)
+    sel = select(cache, layer, q, pos0, cfg, cos, sin, neox)
+    cache.selection[layer] = (pos0, sel)
+    return sel
+
+
+# ---- Decode ---------------------------------------------------------------------------------
+
+
+def _decode(q, a, cache: BlockKVCache, n, n_limit, sel: Selection, cos, sin, neox, scale):
+    """One query over its selected blocks: ``n`` tokens are stored, the query sees the first
+    ``n_limit`` of them (causal)."""
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    kvh, ns = sel.blocks.shape
+    n_split = max(1, min(4, ns // 4)) if kvh < 4 else 1
+    out = np.empty((1, n_heads, head_dim), np.float32)        # (1, H, HD)
+    bmax = np.empty((n_heads, ns), np.float32)                 # (H, NS) block score max
+    bsum = np.empty((n_heads, ns), np.float32)                 # (H, NS) block exp-sum
+    _decode_kernel(q[0], *a, cache.nb_base, n, n_limit, cache.spec.k_bits, cache.spec.v_bits,
+                   sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox, scale, n_split,
+                   out[0], bmax, bsum, cache.block_mass, sel.retrieved[0], sel.retrieved[1])
+    return out
+
+
+@njit(inline="always")
+def _key_scores(kc, kb, bits, qr, qs, n_valid, scale, s):
+    """s[j] = (qr . key_j) * scale for the first n_valid tokens of one block.
+
+    kc  # (B, HD|HD/2) codes;  kb  # (2, HD) uint16 bounds (unused for f16);  qr, qs  # (HD,) float32
+    """
+    head_dim = qr.shape[0]
+    half = head_dim // 2
+    if bits == 16:
+        for j in range(n_valid):
+            acc = np.float32(0.0)
+            for d in range(head_dim):
+                acc += qr[d] * f16_to_f32(np.uint16(kc[j, d]))
+            s[j] = acc * scale
+        return
+    qmax = np.float32((1 << bits) - 1)
+    base = np.float32(0.0)
+    for d in range(head_dim):
+        lo = f16_to_f32(kb[0, d])
+        qs[d] = qr[d] * ((f16_to_f32(kb[1, d]) - lo) / qmax)
+        base += qr[d] * lo
+    if bits == 8:
+        for j in range(n_valid):
+            acc = np.float32(0.0)
+            for d in range(head_dim):
+                acc += qs[d] * np.float32(kc[j, d])
+            s[j] = (base + acc) * scale
+    else:
+        for j in range(n_valid):
+            acc = np.float32(0.0)
+            for d in range(half):
+                c = kc[j, d]
+                acc += qs[d] * np.float32(c & 0x0F) + qs[d + half] * np.float32(c >> 4)
+            s[j] = (base + acc) * scale
+
+
+@njit(inline="always")
+def _add_values(vc, vs, bits, p, n_valid, acc):
+    """acc (HD,) += sum_j p[j] value_j over one block's first n_valid tokens."""
+    head_dim = acc.shape[0]
+    half = head_dim // 2
+    if bits == 16:
+        for j in range(n_valid):
+            pj = p[j]
+            for d in range(head_dim):
+                acc[d] += pj * f16_to_f32(np.uint16(vc[j, d]))
+        return
+    total = np.float32(0.0)
+    if bits == 8:
+        for j in range(n_valid):
+            w = p[j] * f16_to_f32(vs[j])
+            total += w
+            for d in range(head_dim):
+                acc[d] += w * np.float32(vc[j, d])
+        for d in range(head_dim):
+            acc[d] -= total * np.float32(128.0)
+    else:
+        for j in range(n_valid):
+            w = p[j] * f16_to_f32(vs[j])
+            total += w
+            for d in range(half):
+                c = vc[j, d]
+                acc[d] += w * np.float32(c & 0x0F)
+                acc[d + half] += w * np.float32(c >> 4)
+        for d in range(head_dim):
+            acc[d] -= total * np.float32(8.0)
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, n_limit, k_bits, v_bits,
+                   blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax, bsum, mass, credit0, credit1):
+    """One query token over the selected blocks.
+
+    q       # (H, HD) float32 before RoPE, at placed position qpos
+    b*/o*   # base (memory-mapped) / own blocks of this layer: kc (KVH, NB, B, HD|HD/2),
+            # kb (KVH, NB, 2, HD) uint16, vc like kc, vs (KVH, NB, B) uint16
+    tail_k, tail_v  # (KVH, B, HD) uint16 f16: the block being filled
+    blocks, place   # (KVH, NS) int64 block ids and their placed start positions
+    out     # (H, HD) float32;  bmax, bsum  # (H, NS) float32 per-block softmax pieces
+    mass    # (NB,) float64 += each retrieved block's share of the attention (summed over
+            # heads), for columns credit0 <= i < credit1 (sinks and window always get mass)
+    """
+    n_kv_heads, block, head_dim = tail_k.shape
+    n_heads = q.shape[0]
+    group = n_heads // n_kv_heads
+    ns = blocks.shape[1]
+    n_full = n // block
+    n_items = n_kv_heads * n_split
+    part_m = np.empty((n_items, group), np.float32)
+    part_l = np.empty((n_items, group), np.float32)
+    part_acc = np.empty((n_items, group, head_dim), np.float32)
+    for item in prange(n_items):
+        h = item // n_split
+        split = item - h * n_split
+        i0 = split * ns // n_split
+        i1 = (split + 1) * ns // n_split
+        qr = np.empty(head_dim, np.float32)
+        qs = np.empty(head_dim, np.float32)
+        s = np.empty(block, np.float32)
+        m = part_m[item]
+        l = part_l[item]
+        acc = part_acc[item]
+        for g in range(group):
+            m[g] = _NEG_INF
+            l[g] = 0.0
+            for d in range(head_dim):
+                acc[g, d] = 0.0
+        for i in range(i0, i1):
+            b = blocks[h, i]
+            n_valid = min(block, n_limit - b * block)
+            if n_valid <= 0:
+                continue
+            rel = qpos - place[h, i]
+            for g in range(group):
+                hq = h * group + g
+                rotate_vec(q[hq], cos[rel], sin[rel], neox, qr)
+                if b >= n_full:
+                    _key_scores(tail_k[h], tail_k[h], 16, qr, qs, n_valid, scale, s)   # f16: no bounds read
+                elif b < nb_base:
+                    _key_scores(bkc[h, b], bkb[h, b], k_bits, qr, qs, n_valid, scale, s)
+                else:
+                    _key_scores(okc[h, b], okb[h, b], k_bits, qr, qs, n_valid, scale, s)
+                bm = _NEG_INF
+                for j in range(n_valid):
+                    bm = max(bm, s[j])
+                bs = np.float32(0.0)
+                for j in range(n_valid):
+                    s[j] = ggml_expf(s[j] - bm)
+                    bs += s[j]
+                bmax[hq, i] = bm
+                bsum[hq, i] = bs
+                if bm > m[g]:
+                    f = np.exp(m[g] - bm)
+                    l[g] *= f
+                    for d in range(head_dim):
+                        acc[g, d] *= f
+                    m[g] = bm
+                w = np.exp(bm - m[g])
+                l[g] += bs * w
+                for j in range(n_valid):
+                    s[j] *= w
+                if b >= n_full:
+                    _add_values(tail_v[h], tail_v[h, 0], 16, s, n_valid, acc[g])      # f16: no scales read
+                elif b < nb_base:
+                    _add_values(bvc[h, b], bvs[h, b], v_bits, s, n_valid, acc[g])
+                else:
+                    _add_values(ovc[h, b], ovs[h, b], v_bits, s, n_valid, acc[g])
+    # Merge the splits of each head by their log-sum-exp; credit each block its mass.
+    for h in range(n_kv_heads):
+        for g in range(group):
+            hq = h * group + g
+            mm = _NEG_INF
+            for split in range(n_split):
+                mm = max(mm, part_m[h * n_split + split, g])
+            total = np.float32(0.0)
+            for d in range(head_dim):
+                out[hq, d] = 0.0
+            for split in range(n_split):
+                it = h * n_split + split
+                f = np.exp(part_m[it, g] - mm) if part_m[it, g] > _NEG_INF else np.float32(0.0)
+                total += part_l[it, g] * f
+                for d in range(head_dim):
+                    out[hq, d] += part_acc[it, g, d] * f
+            inv = np.float32(1.0) / total
+            for d in range(head_dim):
+                out[hq, d] *= inv
+            for i in range(credit0, credit1):
+                b = blocks[h, i]
+                if n_limit - b * block > 0:
+                    mass[b] += np.exp(bmax[hq, i] - mm) * bsum[hq, i] * inv
+
+
+# ---- Prefill ---------------------------------------------------------------------------------
+
+
+def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale):
+    """Queries at pos0.. over their selected blocks; the cache holds ``n`` tokens. Per KV
+    head, the blocks are decoded once, then each of numba's threads takes a run of the
+    queries through scores, masked softmax and values (one-thread sgemms; blas.py)."""
+    n_tok, n_heads, head_dim = q.shape
+    kvh, ns = sel.blocks.shape
+    group = n_heads // kvh
+    B = cache.block
+    out = np.empty((n_tok, n_heads, head_dim), np.float32)                # (T, H, HD)
+    qrot = rotate(q, cos[sel.qpos], sin[sel.qpos], neox)                    # (T, H, HD)
+    true_pos = pos0 + np.arange(n_tok, dtype=np.int64)                      # (T,)
+    k_buf = np.empty((ns * B, head_dim), np.float32)                        # (N, HD)
+    v_buf = np.empty((ns * B, head_dim), np.float32)                        # (N, HD)
+    t_buf = np.empty(ns * B, np.int64)                                      # (N,) true positions
+    out_h = np.empty((n_tok * group, head_dim), np.float32)                 # (T*G, HD)
+    n_parts = min(num_threads(), n_tok)
+    for h in range(kvh):
+        count = _gather(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
+                        sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
+        qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
+        with blas.one_blas_thread():
+            _products(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
+                      n_parts, out_h)
+        out[:, h * group:(h + 1) * group] = out_h.reshape(n_tok, group, head_dim)
+    return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _products(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
+    """out = softmax_masked(qh k^T * scale) v, each thread taking a run of the queries.
+
+    qh, out  # (T*G, HD) float32: row t*G + g is query head g of token t
+    k, v     # (N, HD) float32;  key_pos  # (N,) int64 ascending;  query_pos  # (T,) int64
+    """
+    n_tok = query_pos.shape[0]
+    for c in prange(n_parts):
+        t0, t1 = chunk_groups(c, n_parts, n_tok)
+        s = np.dot(qh[t0 * group:t1 * group], k.T)                       # (R, N)
+        _masked_softmax(s, scale, key_pos, query_pos[t0:t1], group)
+        out[t0 * group:t1 * group] = np.dot(s, v)                        # (R, HD)
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _gather(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, k_bits, v_bits, h,
+            blocks, place, cos, sin, neox, k_out, v_out, t_out):
+    """Decode the selected blocks of KV head h: keys rotated to their placed positions
+    (R(place) applied to the block-frame key gives R(place + j) k), values as they are.
+    Block i fills rows i*B.. (only the last block can be partial).
+
+    blocks, place  # (NS,) int64;  k_out, v_out  # (>= NS*B, HD) float32;  t_out  # (>= NS*B,) int64
+    Returns the number of rows written.
+    """
+    _, block, head_dim = tail_k.shape
+    n_full = n // block
+    ns = blocks.shape[0]
+    for i in prange(ns):
+        b = blocks[i]
+        n_valid = min(block, n - b * block)
+        r0 = i * block
+        kraw = np.empty((block, head_dim), np.float32)
+        if b >= n_full:
+            for j in range(n_valid):
+                for d in range(head_dim):
+                    kraw[j, d] = f16_to_f32(tail_k[h, j, d])
+                    v_out[r0 + j, d] = f16_to_f32(tail_v[h, j, d])
+        elif b < nb_base:
+            _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid,
+                          kraw, v_out[r0:r0 + block])
+        else:
+            _decode_block(okc[h, b], okb[h, b], ovc[h, b], ovs[h, b], k_bits, v_bits, n_valid,
+                          kraw, v_out[r0:r0 + block])
+        for j in range(n_valid):
+            rotate_vec(kraw[j], cos[place[i]], sin[place[i]], neox, k_out[r0 + j])
+            t_out[r0 + j] = b * block + j
+    last = blocks[ns - 1]
+    return (ns - 1) * block + min(block, n - last * block)
+
+
+@njit(inline="always")
+def _decode_block(kc, kb, vc, vs, k_bits, v_bits, n_valid, k_out, v_out):
+    """Rows 0..n_valid-1 of one stored block as float32: k_out, v_out (>= n_valid, HD)."""
+    head_dim = k_out.shape[1]
+    half = head_dim // 2
+    decode_keys(kc, kb, k_bits, n_valid, k_out)
+    if v_bits == 16:
+        for j in range(n_valid):
+            for d in range(head_dim):
+                v_out[j, d] = f16_to_f32(np.uint16(vc[j, d]))
+    elif v_bits == 8:
+        for j in range(n_valid):
+            sc = f16_to_f32(vs[j])
+            for d in range(head_dim):
+                v_out[j, d] = (np.float32(vc[j, d]) - np.float32(128.0)) * sc
+    else:
+        for j in range(n_valid):
+            sc = f16_to_f32(vs[j])
+            for d in range(half):
+                c = vc[j, d]
+                v_out[j, d] = (np.float32(c & 0x0F) - np.float32(8.0)) * sc
+                v_out[j, d + half] = (np.float32(c >> 4) - np.float32(8.0)) * sc
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _masked_softmax(s, scale, key_pos, query_pos, group):
+    """In place: row r (query t = r // group) of s (T*G, N) becomes softmax(s * scale) over
+    the keys at positions <= query_pos[t]; later keys get 0. key_pos is ascending, so the
+    allowed keys are a prefix of the row. exp is ggml's (vectorises, unlike libm's)."""
+    n_rows, n_keys = s.shape
+    for r in range(n_rows):   # serial: each thread of _products runs its own rows
+        cnt = np.searchsorted(key_pos, query_pos[r // group], side="right")
+        mx = _NEG_INF
+        for j in range(cnt):
+            mx = max(mx, s[r, j] * scale)
+        total = np.float32(0.0)
+        for j in range(cnt):
+            e = ggml_expf(s[r, j] * scale - mx)
+            s[r, j] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for j in range(cnt):
+            s[r, j] *= inv
+        for j in range(cnt, n_keys):
+            s[r, j] = 0.0

@@ -1,0 +1,221 @@
+"""Sparse retrieval attention over the blocked KV cache (DESIGN.md, "Sparse retrieval attention").
+
+A query attends exactly to the union of: the blocks holding the first S tokens (attention
+sinks, Xiao et al. 2023 "StreamingLLM"), the blocks holding the last W tokens (local window),
+and the top-K other blocks ranked per KV head by an upper bound of the query's score against
+the block's per-channel key bounds (Quest, Tang et al. 2024, section 3.2:
+sum_d max(q_d lo_d, q_d hi_d)); the heads sharing a KV head (GQA) take the largest bound.
+S and W are rounded up to whole blocks. When every block fits the budget, all are attended:
+the result is dense attention over the same cache.
+
+Positions. Keys are stored rotated only by their offset inside their block (kv/blocked.py), so
+a block is placed at any position P by rotating the query by (p_query - P). While the query
+sits inside the model's trained context, every block keeps its true position. Beyond it, the
+attended blocks are laid out one after another in their original order (sinks first, the
+window and the query last) and numbered from 0: what the model sees is a short document
+inside its trained window, in the spirit of InfLLM (Xiao et al. 2024), which also rotates
+cached keys at attention time, here by whole blocks.
+
+Decode (one query token) runs a fused numba kernel that reads each attended block once for
+all query heads of its KV head, with an online softmax (FlashAttention-style running max);
+prefill chunks gather and dequantize the attended blocks once per chunk and multiply with
+BLAS, so a chunk attends causally to itself and sparsely to the rest: cost linear in length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from ..kv.blocked import BlockKVCache
+from ..ops.f16 import f16_to_f32
+from ..ops.rope import rotate, rotate_vec
+from .config import SparseConfig
+
+
+@dataclass
+class Selection:
+    """Blocks attended by a chunk of queries, per KV head, and where they are placed."""
+
+    blocks: np.ndarray   # (KVH, NS) int64 block ids, ascending
+    place: np.ndarray    # (KVH, NS) int64 start position of each block as the query sees it
+    qpos: np.ndarray     # (T,) int64 position of each query as it sees itself
+    compressed: bool
+    retrieved: tuple[int, int] = (0, 0)   # columns of ``blocks`` chosen by ranking (not sinks/window)
+    ranked: bool = False                  # some blocks were left out
+
+
+# ---- Selection ------------------------------------------------------------------------------
+
+
+def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: SparseConfig,
+           cos: np.ndarray, sin: np.ndarray, neox: bool, scores: np.ndarray | None = None,
+           first_local: int | None = None) -> Selection:
+    """The blocks queries q (T, H, HD) float32 (before RoPE) at positions pos0.. attend.
+
+    cos, sin  # (P, HD/2) float32 rope tables covering every position used
+    scores    # (KVH, >= NC) float32: rank the candidates by these (one query's exact block
+              # scores, attention/votes.py) instead of the key bounds; first_local: where the
+              # always-attended local blocks start instead of the window's first block.
+    A decoding query (T = 1) of a layer with votes (attention/votes.py) ranks by the votes, and
+    every block after the voted ones (the question, the answer so far) is local.
+    """
+    n_tok = q.shape[0]
+    B = cache.block
+    n = pos0 + n_tok                      # tokens in the cache, these queries included
+    n_blocks = -(-n // B)
+    KVH = cache.config.n_kv_heads
+    n_train = cache.config.context_length or n
+    compressed = cfg.mode == "sparse" and n > n_train
+    dense = cfg.mode == "dense" or (layer < cfg.dense_layers and not compressed)
+    if first_local is None:
+        first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
+    voted = cache.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
+    if voted is not None and voted.shape[1] <= first_local:
+        first_local, scores = voted.shape[1], voted
+    n_sink = min(-(-cfg.sinks // B), first_local)
+    n_cand = first_local - n_sink
+    ranked = not dense and n_cand > cfg.top_k
+    n_chosen = cfg.top_k if ranked else n_cand
+    if scores is not None:
+        scores = np.ascontiguousarray(scores[:, -n_cand:] if voted is not None else scores[:, :n_cand])
+    else:
+        scores = _NO_SCORES
+    if ranked and scores is _NO_SCORES:
+        candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
+        qref, rel = _reference_queries(q, KVH, pos0, B, candidates, cfg, compressed, cos, sin, neox)
+        scores = np.empty((KVH, n_cand), np.float32)                  # (KVH, NC) upper bounds
+        a = cache.arrays(layer)
+        _block_bounds(qref, a[1], a[5], cache.nb_base, candidates, rel, cos, sin, neox, scores)
+    if not ranked:
+        top = _NO_TOP
+    elif voted is not None:   # the votes stay put while decoding: rank them once
+        kept = cache.vote_top.get(layer)
+        if kept is None or kept[0] is not voted or kept[1].shape[1] != n_chosen:
+            kept = cache.vote_top[layer] = (voted, _top_k(scores, n_chosen))
+        top = kept[1]
+    else:
+        top = _top_k(scores, n_chosen)
+    ns = n_sink + n_chosen + (n_blocks - first_local)
+    blocks = np.empty((KVH, ns), np.int64)                            # (KVH, NS)
+    place = np.empty((KVH, ns), np.int64)                             # (KVH, NS)
+    qpos = np.empty(n_tok, np.int64)                                  # (T,)
+    _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, B, pos0, blocks, place, qpos)
+    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked)
+
+
+_NO_SCORES = np.zeros((1, 1), np.float32)
+_NO_TOP = np.zeros((1, 1), np.int64)
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Columns of the k highest scores per row, ascending: scores (KVH, NC) -> (KVH, k) int64.
+    A partial sort: at 200K tokens (3,125 candidates) a full sort per layer and head was
+    half of a decode step."""
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    top.sort(axis=1)
+    return top.astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, B, pos0, blocks, place, qpos):
+    """Fill blocks/place (KVH, NS) and qpos (T,): sinks, the chosen candidates top (KVH, K)
+    (ascending, counted from the first candidate) or all of them, then the local blocks;
+    placed at true positions, or one after another from 0 when ``compressed``."""
+    n_kv_heads, ns = blocks.shape
+    for h in range(n_kv_heads):
+        col = 0
+        for b in range(n_sink):
+            blocks[h, col] = b
+            col += 1
+        if ranked:
+            for i in range(n_chosen):
+                blocks[h, col] = n_sink + top[h, i]
+                col += 1
+        else:
+            for b in range(n_sink, first_local):
+                blocks[h, col] = b
+                col += 1
+        for b in range(first_local, n_blocks):
+            blocks[h, col] = b
+            col += 1
+        for i in range(ns):
+            place[h, i] = i * B if compressed else blocks[h, i] * B
+    for t in range(qpos.shape[0]):
+        p = pos0 + t
+        if compressed:   # the queries sit in the local blocks, the same for every head
+            qpos[t] = (ns - (n_blocks - p // B)) * B + p % B
+        else:
+            qpos[t] = p
+
+
+def nominal_distance(cfg: SparseConfig, block: int) -> int:
+    """Beyond the trained context a candidate block's true distance means nothing to the
+    model: it is ranked as if it sat in the middle of the retrieved span."""
+    return cfg.window + cfg.top_k * block // 2
+
+
+def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, neox):
+    """The query each KV head ranks blocks with, and its rotation per candidate.
+
+    Prefill chunks rank with the mean of their queries, each first rotated to the chunk's
+    first position (so the mean is taken in one frame). Returns qref (KVH, G, HD) float32
+    and rel (NC,) int64: the position offset each candidate is scored at (its true distance,
+    or beyond the trained context a nominal one: the middle of the retrieved span).
+    """
+    n_tok, n_heads, head_dim = q.shape
+    if n_tok == 1:
+        qm = q[0]
+    else:
+        offs = np.arange(n_tok, dtype=np.int64)
+        qm = rotate(q, cos[offs], sin[offs], neox).mean(axis=0)
+    qref = np.ascontiguousarray(qm.reshape(kvh, n_heads // kvh, head_dim), dtype=np.float32)
+    if compressed:
+        rel = np.full(candidates.shape[0], nominal_distance(cfg, B), np.int64)
+    else:
+        rel = pos0 - candidates * B
+    return qref, rel
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _block_bounds(qref, bkb, okb, nb_base, candidates, rel, cos, sin, neox, out):
+    """out[h, i] = max over the group's heads g of sum_d max(q'_d lo_d, q'_d hi_d), with
+    q' = qref[h, g] rotated by rel[i] and (lo, hi) the key bounds of block candidates[i].
+
+    qref  # (KVH, G, HD) float32;  bkb, okb  # (KVH, NB, 2, HD) uint16;  out  # (KVH, NC) float32
+    rel   # (NC,) int64 offsets (the rotated queries are reused while the offset repeats)
+    """
+    n_kv_heads, group, head_dim = qref.shape
+    qr = np.empty((group, head_dim), np.float32)   # (G, HD) rotated queries
+    lo = np.empty(head_dim, np.float32)
+    hi = np.empty(head_dim, np.float32)
+    for h in range(n_kv_heads):
+        last = -1
+        for i in range(candidates.shape[0]):
+            b = candidates[i]
+            r = rel[i]
+            if r != last:
+                for g in range(group):
+                    rotate_vec(qref[h, g], cos[r], sin[r], neox, qr[g])
+                last = r
+            if b < nb_base:
+                for d in range(head_dim):
+                    lo[d] = f16_to_f32(bkb[h, b, 0, d])
+                    hi[d] = f16_to_f32(bkb[h, b, 1, d])
+            else:
+                for d in range(head_dim):
+                    lo[d] = f16_to_f32(okb[h, b, 0, d])
+                    hi[d] = f16_to_f32(okb[h, b, 1, d])
+            best = np.float32(-np.inf)
+            for g in range(group):
+                ub = np.float32(0.0)
+                for d in range(head_dim):
+                    ub += max(qr[g, d] * lo[d], qr[g, d] * hi[d])
+                best = max(best, ub)
+            out[h, i] = best
+
+
+# ---- Rotation helpers -------------------------------------------------------------------------
+
+

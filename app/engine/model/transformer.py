@@ -1,0 +1,258 @@
+"""The transformer: weights read in place from a GGUF file, and its forward pass.
+
+One forward pass handles a chunk of T tokens (prefill, matmul) or a single token (decode,
+matvec). The op order is llama.cpp's graph for these architectures (src/models/llama.cpp,
+src/models/qwen2.cpp, helpers in src/llama-graph.cpp):
+
+  x = embd[tokens]
+  per layer:  h  = rms_norm(x) * attn_norm
+              q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv);  q, k = rope(q), rope(k)
+              x  = x + Wo attention(q, K, V)
+              h  = rms_norm(x) * ffn_norm
+              x  = x + Wdown (silu(Wgate h) * Wup h)
+  logits = Wout (rms_norm(x) * output_norm) (+ output bias)
+
+Shape letters: see app/engine/model/config.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, quants
+from gguf.gguf_reader import ReaderTensor
+from numba import njit
+
+from ..attention.blocks import attend_blocks
+from ..attention.config import SparseConfig
+from ..attention.dense import attend
+from ..kv.blocked import BlockKVCache
+from ..kv.dense import KVCache
+from ..kv.formats import KVSpec
+from ..ops.norms import add_rms_norm_rows, rms_norm_rows, swiglu
+from ..ops.rope import RopeTables, rope_heads
+from ..quant import blas
+from ..quant.qmatrix import QMatrix
+from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, llamacpp_hint
+
+_NO_BIAS = np.zeros(0, dtype=np.float32)  # (0,) float32: "no bias" / "none" for the kernels
+
+# ---- q, k, v: biases and rotation ----------------------------------------------------------
+
+
+@njit(inline="always")
+def _add_bias(x, bias):
+    """x (T, n) += bias (n,) float32; a (0,) bias is no bias."""
+    if bias.shape[0]:
+        for t in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                x[t, i] += bias[i]
+
+
+@njit(cache=True, nogil=True)
+def _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox):
+    """In place, in llama.cpp's order (src/llama-graph.cpp build_qkv, then ggml_rope_ext):
+    add the q/k/v biases (ggml_add), then rope k by the angles given. The blocked cache calls
+    this alone (k rotated by each key's offset inside its block, q left for the attention
+    kernel to place: app/engine/kv/blocked.py).
+
+    q  # (T, H*HD) float32      k, v  # (T, KVH*HD) float32      cos, sin  # (T, HD/2) float32
+    bq # (H*HD,) or (0,)        bk, bv  # (KVH*HD,) or (0,)
+    """
+    n_tok = q.shape[0]
+    head_dim = 2 * cos.shape[1]
+    _add_bias(q, bq)
+    _add_bias(k, bk)
+    _add_bias(v, bv)
+    rope_heads(k.reshape(n_tok, k.shape[1] // head_dim, head_dim), cos, sin, neox)
+
+
+@njit(cache=True, nogil=True)
+def _qkv_bias_rope(q, k, v, bq, bk, bv, cos, sin, neox):
+    """_qkv_bias_rope_keys, then q roped by the same angles (the dense cache's case)."""
+    _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox)
+    head_dim = 2 * cos.shape[1]
+    rope_heads(q.reshape(q.shape[0], q.shape[1] // head_dim, head_dim), cos, sin, neox)
+
+
+# ---- RoPE tables ------------------------------------------------------------------------
+
+
+# ---- Weights ------------------------------------------------------------------------------
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray   # (D,) float32
+    wq: QMatrix             # (H*HD, D)
+    wk: QMatrix             # (KVH*HD, D)
+    wv: QMatrix             # (KVH*HD, D)
+    wo: QMatrix             # (D, H*HD)
+    bq: np.ndarray          # (H*HD,) float32, or (0,) — qwen2
+    bk: np.ndarray          # (KVH*HD,) float32, or (0,)
+    bv: np.ndarray          # (KVH*HD,) float32, or (0,)
+    bo: np.ndarray          # (D,) float32, or (0,)
+    ffn_norm: np.ndarray    # (D,) float32
+    w_gate: QMatrix         # (F, D)
+    w_up: QMatrix           # (F, D)
+    w_down: QMatrix         # (D, F)
+
+
+def _vector(t: ReaderTensor) -> np.ndarray:
+    """A 1-D tensor (norm weight, bias) as float32 — a view when it is stored as F32."""
+    if t.tensor_type == GGMLQuantizationType.F32:
+        return np.asarray(t.data, dtype=np.float32).reshape(-1)
+    return quants.dequantize(t.data, GGMLQuantizationType(t.tensor_type)).astype(np.float32).reshape(-1)
+
+
+class Model:
+    """A llama/qwen2 model read from a GGUF file. Weights stay memory-mapped and quantized."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self.reader = GGUFReader(self.path, "r")  # memory-mapped; tensors are views of the file
+        self.config = ModelConfig.from_gguf(self.reader, self.path)
+        c = self.config
+        tensors = {t.name: t for t in self.reader.tensors}
+
+        def matrix(name: str) -> QMatrix:
+            try:
+                return QMatrix.from_tensor(tensors[name])
+            except KeyError:
+                raise UnsupportedModelError(f"{self.path}: tensor '{name}' is missing.") from None
+            except (NotImplementedError, ValueError) as e:
+                raise UnsupportedModelError(f"{self.path}: tensor '{name}': {e}. " + llamacpp_hint(self.path)) from e
+
+        def vector(name: str, required: bool = True) -> np.ndarray:
+            if name not in tensors:
+                if required:
+                    raise UnsupportedModelError(f"{self.path}: tensor '{name}' is missing.")
+                return _NO_BIAS
+            return _vector(tensors[name])
+
+        self.tok_embd = matrix("token_embd.weight")        # (V, D)
+        # Tied embeddings: without output.weight the embedding matrix is the lm head.
+        self.output = self.tok_embd if c.tied_output else matrix("output.weight")  # (V, D)
+        self.output_norm = vector("output_norm.weight")    # (D,) float32
+        self.output_bias = vector("output.bias", False)    # (V,) float32 or (0,)
+        self.layers = [
+            LayerWeights(
+                attn_norm=vector(f"blk.{i}.attn_norm.weight"),
+                wq=matrix(f"blk.{i}.attn_q.weight"),
+                wk=matrix(f"blk.{i}.attn_k.weight"),
+                wv=matrix(f"blk.{i}.attn_v.weight"),
+                wo=matrix(f"blk.{i}.attn_output.weight"),
+                bq=vector(f"blk.{i}.attn_q.bias", False),
+                bk=vector(f"blk.{i}.attn_k.bias", False),
+                bv=vector(f"blk.{i}.attn_v.bias", False),
+                bo=vector(f"blk.{i}.attn_output.bias", False),
+                ffn_norm=vector(f"blk.{i}.ffn_norm.weight"),
+                w_gate=matrix(f"blk.{i}.ffn_gate.weight"),
+                w_up=matrix(f"blk.{i}.ffn_up.weight"),
+                w_down=matrix(f"blk.{i}.ffn_down.weight"),
+            )
+            for i in range(c.n_layers)
+        ]
+        freq_factors = tensors.get("rope_freqs.weight")
+        self.rope = RopeTables(c, None if freq_factors is None else _vector(freq_factors))
+        self.eps = np.float32(c.rms_eps)
+        self.neox = c.rope_type == ROPE_NEOX
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of 2-D weights one decode step streams (the lm head once, even when tied)."""
+        per_layer = sum(w.nbytes for lw in self.layers
+                        for w in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down))
+        return per_layer + self.output.nbytes
+
+    def new_cache(self, n_ctx: int, kv: KVSpec | None = None,
+                  attention: SparseConfig | None = None) -> KVCache | BlockKVCache:
+        """The dense f16 cache (llama.cpp's numerics) when neither a quantized format nor
+        sparse attention is asked for; otherwise the blocked cache."""
+        if kv is None and attention is None:
+            return KVCache(self.config, n_ctx)
+        cache = BlockKVCache(self.config, n_ctx, kv or KVSpec())
+        cache.attention = attention or SparseConfig(mode="dense")
+        return cache
+
+    # ---- Forward pass ----------------------------------------------------------------
+
+    def forward(self, tokens: Sequence[int], cache: KVCache | BlockKVCache, all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` at positions cache.n_tokens.. and append them to the cache.
+
+        Returns the logits of the last token (V,) float32, or of every token (T, V)
+        float32 when ``all_logits``. T == 1 takes the matvec path (decode).
+        """
+        ids = np.asarray(tokens, dtype=np.int64)  # (T,)
+        n_tok = ids.shape[0]
+        pos0 = cache.n_tokens
+        if pos0 + n_tok > cache.n_ctx:
+            raise ValueError(f"context full: {pos0 + n_tok} tokens > n_ctx {cache.n_ctx}")
+        cos, sin = self.rope.rows(pos0, n_tok)   # (T, HD/2) float32 each
+
+        x = np.ascontiguousarray(self.tok_embd.rows(ids), dtype=np.float32)  # (T, D) residual stream
+        h = np.empty_like(x)                     # (T, D) normalised input of a sub-block
+        pending = None                           # (T, D) output of the last sub-block, not yet added to x
+        for il, lw in enumerate(self.layers):
+            self._norm(x, pending, lw.attn_norm, h)
+            pending = self._attention_block(il, lw, h, cache, pos0, cos, sin)
+            self._norm(x, pending, lw.ffn_norm, h)
+            pending = self._ffn_block(lw, h)
+        self._norm(x, pending, self.output_norm, h)
+        cache.commit(ids)
+
+        h_out = h if all_logits else h[-1:]      # (T or 1, D): llama.cpp also keeps only the rows it outputs
+        logits = _linear(self.output, h_out)     # (T or 1, V) float32
+        if self.output_bias.shape[0]:
+            logits += self.output_bias
+        return logits if all_logits else logits[0]
+
+    def _norm(self, x, pending, w, out) -> None:
+        """out = rms_norm(x (+= pending)) * w."""
+        if pending is None:
+            rms_norm_rows(x, w, self.eps, out)
+        else:
+            add_rms_norm_rows(x, pending, w, self.eps, out)
+
+    def _attention_block(self, il, lw: LayerWeights, h, cache, pos0, cos, sin) -> np.ndarray:
+        """Wo · attention(rope(Wq h + bq), rope(Wk h + bk), Wv h + bv) (+ bo) -> (T, D) float32."""
+        c = self.config
+        n_tok = h.shape[0]
+        q = _linear(lw.wq, h)   # (T, H*HD) float32
+        k = _linear(lw.wk, h)   # (T, KVH*HD) float32
+        v = _linear(lw.wv, h)   # (T, KVH*HD) float32
+        if isinstance(cache, BlockKVCache):
+            in_block = (pos0 + np.arange(n_tok)) % cache.block               # (T,) offsets in block
+            table_cos, table_sin = self.rope.rows(0, cache.block)
+            _qkv_bias_rope_keys(q, k, v, lw.bq, lw.bk, lw.bv, np.ascontiguousarray(table_cos[in_block]),
+                                np.ascontiguousarray(table_sin[in_block]), self.neox)
+            cache.update(il, pos0, k, v)
+            q = q.reshape(n_tok, c.n_heads, c.head_dim)                 # (T, H, HD) float32, unrotated
+            att = attend_blocks(q, cache, il, pos0, cache.attention, self.rope, self.neox)
+        else:
+            _qkv_bias_rope(q, k, v, lw.bq, lw.bk, lw.bv, cos, sin, self.neox)
+            cache.update(il, pos0, k, v)
+            q = q.reshape(n_tok, c.n_heads, c.head_dim)                 # (T, H, HD) float32
+            att = attend(q, cache, il, pos0)                            # (T, H, HD) float32
+        o = _linear(lw.wo, att.reshape(n_tok, c.q_dim))                 # (T, D) float32
+        if lw.bo.shape[0]:
+            o += lw.bo
+        return o
+
+    def _ffn_block(self, lw: LayerWeights, h) -> np.ndarray:
+        """Wdown (silu(Wgate h) * Wup h) -> (T, D) float32."""
+        gate = _linear(lw.w_gate, h)   # (T, F) float32
+        up = _linear(lw.w_up, h)       # (T, F) float32
+        swiglu(gate, up, gate)
+        return _linear(lw.w_down, gate)
+
+
+def _linear(w: QMatrix, x: np.ndarray) -> np.ndarray:
+    """x (T, n_in) float32 -> (T, n_out) float32 through the quantized weight matrix: the
+    bit-exact kernels for decode and short chunks, dequantized BLAS for long ones (blas.py)."""
+    if x.shape[0] == 1:
+        return w.matvec(x[0]).reshape(1, -1)
+    if x.shape[0] >= blas.BLAS_MIN_TOKENS:
+        return blas.matmul(w, x)
+    return w.matmul(x)

@@ -1,0 +1,308 @@
+"""Kernels for the 32-element block formats Q4_0, Q4_1 and Q8_0 (row-group layout).
+
+GGUF blocks (ggml-common.h):
+    block_q4_0  { f16 d;          u8 qs[16]; }   18 bytes, w = d * (q - 8)
+    block_q4_1  { f16 d; f16 m;   u8 qs[16]; }   20 bytes, w = d * q + m
+    block_q8_0  { f16 d;          i8 qs[32]; }   34 bytes, w = d * q
+In Q4 blocks byte j holds element j in its low nibble and element j + 16 in its high nibble.
+
+Each field becomes a plane in the row-group layout of quant/layout.py: for a group of w (16)
+rows, block b, byte j of row i sits at ``r0*nb*B + (b*B + j)*w + i`` (B bytes per block), so
+one block of a whole group is a contiguous (B, 16) tile and a vector load takes byte j of 16
+rows.
+
+Dot products are llama.cpp's (arch/x86/quants.c), float order included (see "per-group
+products" below): integer sums of 4 products per lane against the int8 activations, one FMA
+per block and lane by the product of the two f16 scales, then the lanes' sum:
+    Q4_0 x Q8_0: d_w * d_x * sum((q - 8) * a)        ggml_vec_dot_q4_0_q8_0
+    Q4_1 x Q8_1: d_w * d_x * sum(q * a) + m_w * s_x  ggml_vec_dot_q4_1_q8_1
+    Q8_0 x Q8_0: d_w * d_x * sum(q * a)              ggml_vec_dot_q8_0_q8_0
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..ops.f16 import decode_f16, decode_f16_plane
+from ..ops.simd import fma, hsum_float_8
+from .activations import quantize_q8_0, quantize_q8_1
+from .layout import GROUP, chunk_groups, group_span, pad_group, tile_plane
+
+QK = 32
+EIGHT = np.int32(8)
+
+
+# ---- repack (numpy, once at load)
+
+def _split_blocks(raw: np.ndarray, n_out: int, n_in: int, block_bytes: int) -> np.ndarray:
+    """raw (n_out, bytes_per_row) uint8 -> (n_out, nb, block_bytes) uint8."""
+    return np.asarray(raw, dtype=np.uint8).reshape(n_out, n_in // QK, block_bytes)
+
+
+def _f16_plane(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """(n_out, nb, block_bytes) uint8 -> (n_out, nb) uint16: the f16 field at byte offset."""
+    return np.ascontiguousarray(blocks[:, :, offset:offset + 2]).view(np.uint16)[:, :, 0]
+
+
+def repack_q4_0(raw, n_out, n_in):
+    """-> {"d": (n_out*nb,) uint16, "qs": (n_out*nb*16,) uint8}, both in row groups."""
+    blocks = _split_blocks(raw, n_out, n_in, 18)                          # (n_out, nb, 18) uint8
+    return {"d": tile_plane(_f16_plane(blocks, 0)),
+            "qs": tile_plane(blocks[:, :, 2:])}
+
+
+def repack_q4_1(raw, n_out, n_in):
+    """-> {"d", "m": (n_out*nb,) uint16, "qs": (n_out*nb*16,) uint8}, all in row groups."""
+    blocks = _split_blocks(raw, n_out, n_in, 20)                          # (n_out, nb, 20) uint8
+    return {"d": tile_plane(_f16_plane(blocks, 0)),
+            "m": tile_plane(_f16_plane(blocks, 2)),
+            "qs": tile_plane(blocks[:, :, 4:])}
+
+
+def repack_q8_0(raw, n_out, n_in):
+    """-> {"d": (n_out*nb,) uint16, "qs": (n_out*nb*32,) int8}, both in row groups."""
+    blocks = _split_blocks(raw, n_out, n_in, 34)                          # (n_out, nb, 34) uint8
+    return {"d": tile_plane(_f16_plane(blocks, 0)),
+            "qs": tile_plane(blocks[:, :, 2:].view(np.int8))}
+
+
+# ---- dequantize rows (bit-exact with gguf.quants; serial: a lookup is a few rows per step)
+
+@njit(nogil=True, cache=True)
+def rows_q4(qs, d, m, has_min, n_out, ids, out):
+    """Q4_0 (has_min False: d * (q - 8)) or Q4_1 (d * q + m) rows.
+
+    qs   # (n_out*nb*16,) uint8 row groups
+    d, m # (n_out*nb,) uint16 row groups (m unused for Q4_0)
+    ids  # (n_ids,) int64
+    out  # (n_ids, n_in) float32
+    """
+    nb = out.shape[1] // QK
+    for n in range(ids.shape[0]):
+        r = ids[n]
+        r0, w = group_span(r // GROUP, n_out)
+        i = r - r0
+        h = np.empty(2, np.uint16)    # (2,) uint16: d, m bits
+        f = np.empty(2, np.float32)   # (2,) float32: d, m
+        for b in range(nb):
+            h[0] = d[r0 * nb + b * w + i]
+            h[1] = m[r0 * nb + b * w + i] if has_min else 0
+            decode_f16(h, f)
+            base = r0 * nb * 16 + b * 16 * w + i
+            for j in range(16):
+                q = np.int32(qs[base + j * w])
+                lo, hi = q & 15, q >> 4
+                if has_min:
+                    out[n, b * QK + j] = f[0] * np.float32(lo) + f[1]
+                    out[n, b * QK + 16 + j] = f[0] * np.float32(hi) + f[1]
+                else:
+                    out[n, b * QK + j] = f[0] * np.float32(lo - EIGHT)
+                    out[n, b * QK + 16 + j] = f[0] * np.float32(hi - EIGHT)
+
+
+@njit(nogil=True, cache=True)
+def rows_q8_0(qs, d, n_out, ids, out):
+    """Q8_0 rows: q * d.  qs (n_out*nb*32,) int8 row groups; d (n_out*nb,) uint16 row groups;
+    ids (n_ids,) int64; out (n_ids, n_in) float32."""
+    nb = out.shape[1] // QK
+    for n in range(ids.shape[0]):
+        r = ids[n]
+        r0, w = group_span(r // GROUP, n_out)
+        i = r - r0
+        h = np.empty(1, np.uint16)    # (1,) uint16
+        f = np.empty(1, np.float32)   # (1,) float32
+        for b in range(nb):
+            h[0] = d[r0 * nb + b * w + i]
+            decode_f16(h, f)
+            base = r0 * nb * QK + b * QK * w + i
+            for j in range(QK):
+                out[n, b * QK + j] = np.float32(qs[base + j * w]) * f[0]
+
+
+# ---- per-group products (always a full group: w = GROUP is a constant, so loops unroll)
+#
+# llama.cpp's AVX2 dot product (ggml_vec_dot_q4_0_q8_0, _q4_1_q8_1, _q8_0_q8_0 in
+# arch/x86/quants.c) keeps 8 float lanes: lane l gets the integer sum of elements 4l..4l+3
+# of each block (vpmaddubsw + vpmaddwd), multiplied by d_w * d_x and added with one FMA;
+# the 8 lanes are summed at the end by hsum_float_8 (Q4_1 then adds sum(m_w * s_x)). We do
+# exactly that per row, so our products are bit-identical to llama.cpp's on an AVX2 build
+# (tinyBLAS, which llama.cpp uses for Q4_0/Q8_0 prefill, keeps the same lanes and order),
+# and greedy decoding follows the same path through near-ties. Vectors run across 16 rows.
+
+@njit(nogil=True, cache=True, inline="always")
+def _nibble_lane_sums(blk, w, xb, offset, s):
+    """s[l, i] (l < 4) = sum_k (lo(q[4l+k, i]) - offset) * xb[4l+k], and s[4+l, i] the same
+    for the high nibbles against xb[16+4l+k]: llama.cpp's 8 lanes (lanes 0-3 are elements
+    0-15, the low nibbles; 4-7 elements 16-31). Four products fit int16, and the loop has no
+    wider type: LLVM sizes vectors by the widest type, and int32 here would halve the lanes.
+
+    blk     # (16 * w,) uint8: byte j of row i at j * w + i
+    xb      # (32,) int16: the block's activations
+    offset  # 8 for Q4_0 (q - 8), 0 for Q4_1
+    s       # (8, GROUP) int16 out
+    """
+    for i in range(w):
+        for l in range(4):
+            lo = np.int16(0)
+            hi = np.int16(0)
+            for k in range(4):
+                q = np.int16(blk[(4 * l + k) * w + i])
+                lo = np.int16(lo + ((q & 15) - offset) * xb[4 * l + k])
+                hi = np.int16(hi + ((q >> 4) - offset) * xb[16 + 4 * l + k])
+            s[l, i] = lo
+            s[4 + l, i] = hi
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _int8_pair_sums(blk, w, xb, p):
+    """p[m, i] = q[2m, i] * xb[2m] + q[2m+1, i] * xb[2m+1] (|.| <= 2 * 128 * 127 fits int16);
+    lane l of llama.cpp is p[2l] + p[2l+1].
+
+    blk  # (32 * w,) int8: byte j of row i at j * w + i
+    xb   # (32,) int16
+    p    # (16, GROUP) int16 out
+    """
+    for i in range(w):
+        for m in range(16):
+            p[m, i] = np.int16(np.int16(blk[2 * m * w + i]) * xb[2 * m]
+                               + np.int16(blk[(2 * m + 1) * w + i]) * xb[2 * m + 1])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q4_group(qs_g, dw, mw, kind, r0, n_valid, xq, dx, sx, s, acc, summs, out):
+    """One row group against every token: out[k, r0:r0 + n_valid]. kind 0: Q4_0, 1: Q4_1.
+    Per token, first the integer lane sums of every block, then the float pass: reading
+    back int16 that were just stored as one 32-byte vector stalled store forwarding when
+    the two were interleaved.
+
+    qs_g       # (nb * 16 * GROUP,) uint8 the group's quants
+    dw, mw     # (nb * GROUP,) float32 the group's scales / mins
+    xq         # (n_tok, n_in) int16;  dx, sx  # (n_tok, nb) float32 (sx: Q4_1 only)
+    s          # (nb, 8, GROUP) int16 scratch
+    acc        # (8, GROUP) float32 scratch: llama.cpp's 8 lanes, per row
+    summs      # (GROUP,) float32 scratch: Q4_1's sum of m_w * s_x
+    out        # (n_tok, n_out) float32
+    """
+    n_tok = xq.shape[0]
+    nb = dx.shape[1]
+    w = GROUP
+    offset = np.int16(8) if kind == 0 else np.int16(0)
+    for k in range(n_tok):
+        for b in range(nb):
+            _nibble_lane_sums(qs_g[b * 16 * w:(b + 1) * 16 * w], w, xq[k, b * QK:(b + 1) * QK], offset, s[b])
+        acc[:, :] = 0
+        summs[:] = 0
+        for b in range(nb):
+            dxk = dx[k, b]
+            sxk = sx[k, b]
+            for i in range(w):
+                dd = dw[b * w + i] * dxk              # f16 x f16: exact in float32
+                for l in range(8):
+                    acc[l, i] = fma(dd, np.float32(s[b, l, i]), acc[l, i])
+                if kind == 1:
+                    summs[i] += mw[b * w + i] * sxk   # exact product, so as llama.cpp's fma
+        for i in range(n_valid):
+            out[k, r0 + i] = hsum_float_8(acc[0, i], acc[1, i], acc[2, i], acc[3, i],
+                                    acc[4, i], acc[5, i], acc[6, i], acc[7, i]) + summs[i]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q8_group(qs_g, dw, r0, n_valid, xq, dx, p, acc, out):
+    """As _q4_group for Q8_0.  qs_g  # (nb * 32 * GROUP,) int8;  p  # (nb, 16, GROUP) int16"""
+    n_tok = xq.shape[0]
+    nb = dx.shape[1]
+    w = GROUP
+    for k in range(n_tok):
+        for b in range(nb):
+            _int8_pair_sums(qs_g[b * QK * w:(b + 1) * QK * w], w, xq[k, b * QK:(b + 1) * QK], p[b])
+        acc[:, :] = 0
+        for b in range(nb):
+            dxk = dx[k, b]
+            for i in range(w):
+                dd = dw[b * w + i] * dxk
+                for l in range(8):
+                    lane = np.int32(np.int32(p[b, 2 * l, i]) + np.int32(p[b, 2 * l + 1, i]))
+                    acc[l, i] = fma(dd, np.float32(lane), acc[l, i])
+        for i in range(n_valid):
+            out[k, r0 + i] = hsum_float_8(acc[0, i], acc[1, i], acc[2, i], acc[3, i],
+                                    acc[4, i], acc[5, i], acc[6, i], acc[7, i])
+
+
+# ---- matmul: out (n_tok, n_out) = x (n_tok, n_in) @ W.T
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q4(qs, d, m, kind, plain, n_out, n_chunks, x, out):
+    """Q4_0 (kind 0, against Q8_0 activations) or Q4_1 (kind 1, against Q8_1).
+
+    qs     # (n_out*nb*16,) uint8 row groups
+    d, m   # (n_out*nb,) uint16 row groups (m unused for Q4_0)
+    plain  # d and m hold only zeros and normal f16 (f16_plane_is_plain)
+    n_chunks  # runs of groups, one per thread (n_chunks_for)
+    x      # (n_tok, n_in) float32
+    out    # (n_tok, n_out) float32
+    """
+    n_tok, n_in = x.shape
+    nb = n_in // QK
+    xq = np.empty((n_tok, n_in), np.int16)    # (n_tok, n_in) int16
+    dx = np.empty((n_tok, nb), np.float32)    # (n_tok, nb) float32
+    sx = np.zeros((n_tok, nb), np.float32)    # (n_tok, nb) float32: Q8_1's s (Q4_1 only)
+    if kind == 0:
+        qsum = np.empty((n_tok, nb), np.int32)  # (n_tok, nb) int32, unused
+        quantize_q8_0(x, xq, dx, qsum)
+    else:
+        quantize_q8_1(x, xq, dx, sx)
+    n_groups = (n_out + GROUP - 1) // GROUP
+    for c in prange(n_chunks):
+        dw = np.empty(nb * GROUP, np.float32)       # (nb, GROUP) float32
+        mw = np.zeros(nb * GROUP, np.float32)       # (nb, GROUP) float32
+        s = np.empty((nb, 8, GROUP), np.int16)      # (nb, 8, GROUP) int16
+        acc = np.empty((8, GROUP), np.float32)      # (8, GROUP) float32
+        summs = np.empty(GROUP, np.float32)         # (GROUP,) float32
+        g0, g1 = chunk_groups(c, n_chunks, n_groups)
+        for g in range(g0, g1):
+            r0, w = group_span(g, n_out)
+            qs_g = qs[r0 * nb * 16:(r0 + w) * nb * 16]
+            d_g = d[r0 * nb:(r0 + w) * nb]
+            m_g = m[r0 * nb:(r0 + w) * nb] if kind == 1 else m
+            if w < GROUP:
+                qs_g = pad_group(qs_g, nb * 16, w)
+                d_g = pad_group(d_g, nb, w)
+                m_g = pad_group(m_g, nb, w) if kind == 1 else m
+            decode_f16_plane(d_g, dw, plain)
+            if kind == 1:
+                decode_f16_plane(m_g, mw, plain)
+            _q4_group(qs_g, dw, mw, kind, r0, w, xq, dx, sx, s, acc, summs, out)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q8_0(qs, d, plain, n_out, n_chunks, x, out):
+    """Q8_0 weights x Q8_0 activations.
+
+    qs     # (n_out*nb*32,) int8 row groups
+    d      # (n_out*nb,) uint16 row groups
+    plain  # d holds only zeros and normal f16
+    n_chunks  # runs of groups, one per thread (n_chunks_for)
+    x      # (n_tok, n_in) float32
+    out    # (n_tok, n_out) float32
+    """
+    n_tok, n_in = x.shape
+    nb = n_in // QK
+    xq = np.empty((n_tok, n_in), np.int16)    # (n_tok, n_in) int16
+    dx = np.empty((n_tok, nb), np.float32)    # (n_tok, nb) float32
+    qsum = np.empty((n_tok, nb), np.int32)    # (n_tok, nb) int32, unused
+    quantize_q8_0(x, xq, dx, qsum)
+    n_groups = (n_out + GROUP - 1) // GROUP
+    for c in prange(n_chunks):
+        dw = np.empty(nb * GROUP, np.float32)       # (nb, GROUP) float32
+        p = np.empty((nb, 16, GROUP), np.int16)     # (nb, 16, GROUP) int16
+        acc = np.empty((8, GROUP), np.float32)      # (8, GROUP) float32
+        g0, g1 = chunk_groups(c, n_chunks, n_groups)
+        for g in range(g0, g1):
+            r0, w = group_span(g, n_out)
+            qs_g = qs[r0 * nb * QK:(r0 + w) * nb * QK]
+            d_g = d[r0 * nb:(r0 + w) * nb]
+            if w < GROUP:
+                qs_g = pad_group(qs_g, nb * QK, w)
+                d_g = pad_group(d_g, nb, w)
+            decode_f16_plane(d_g, dw, plain)
+            _q8_group(qs_g, dw, r0, w, xq, dx, p, acc, out)

@@ -1,0 +1,210 @@
+"""Quantized weight matrices, kept in their GGUF block format.
+
+INTERFACE CONTRACT (used by app/engine/model/transformer.py): a ``QMatrix`` wraps one 2-D GGUF tensor
+without copying it to f32:
+
+    QMatrix.from_tensor(ReaderTensor)       .name .raw .qtype .shape == (n_out, n_in) .nbytes
+    .dequantize() -> (n_out, n_in) f32      tests only
+    .rows(ids)    -> (len(ids), n_in) f32   embedding lookup
+    .matvec(x (n_in,) f32)       -> (n_out,) f32          decode
+    .matmul(X (n_tok, n_in) f32) -> (n_tok, n_out) f32    chunked prefill
+
+At construction the blocks are repacked once into the row-group planes of
+``quant/layout.py`` (same number of bytes as the GGUF tensor; see that module for why), and
+every product runs in the multi-threaded numba kernels of ``quant/legacy.py`` (Q4_0, Q4_1, Q8_0),
+``quant/kquants.py`` (Q4_K, Q5_K, Q6_K) and ``quant/floats.py`` (F32, F16, BF16). The activations are
+quantized the way llama.cpp's CPU backend quantizes them (``quant/activations.py``), so our products
+equal llama.cpp's: bit for bit for Q4_0/Q4_1/Q8_0 (its AVX2 lane order, see ``quant/legacy.py``;
+tests/engine/test_quants.py checks against ggml_mul_mat itself), up to the order of float
+additions for the others. ``rows``/``dequantize`` are bit-exact with ``gguf.quants.dequantize``.
+
+Memory: ``from_tensor`` drops the file pages it read (``release_file_pages``), so a loaded
+model holds about its file size (the planes). Wrapping the same tensor twice (tied
+embeddings) makes two copies: reuse the QMatrix instead.
+
+Threads: the kernels use numba's thread count, which app/engine's threading module owns; each
+thread takes a contiguous run of 16-row groups.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf.gguf_reader import ReaderTensor
+
+from ..ops.f16 import f16_plane_is_plain
+from . import floats, kquants, legacy
+from .layout import GROUP, num_threads
+
+Q = GGMLQuantizationType
+
+SUPPORTED = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32)
+
+_REPACK = {
+    Q.Q4_0: legacy.repack_q4_0, Q.Q4_1: legacy.repack_q4_1, Q.Q8_0: legacy.repack_q8_0,
+    Q.Q4_K: kquants.repack_q4_k, Q.Q5_K: kquants.repack_q5_k, Q.Q6_K: kquants.repack_q6_k,
+    Q.F32: floats.repack_float, Q.F16: floats.repack_float, Q.BF16: floats.repack_float,
+}
+_F16_PLANES = {Q.Q4_0: ("d",), Q.Q4_1: ("d", "m"), Q.Q8_0: ("d",), Q.Q4_K: ("d", "dmin"),
+               Q.Q5_K: ("d", "dmin"), Q.Q6_K: ("d",), Q.F16: ("w",)}
+_FLOAT_KIND = {Q.F32: floats.KIND_F32, Q.F16: floats.KIND_F16, Q.BF16: floats.KIND_BF16}
+_NO_BYTES = np.zeros(1, np.uint8)   # (1,) uint8 stand-in for planes a type does not have
+_NO_U16 = np.zeros(1, np.uint16)    # (1,) uint16 likewise
+
+
+class QMatrix:
+    """A weight matrix W (n_out, n_in) in GGUF block format; y = W @ x."""
+
+    def __init__(self, name: str, raw: np.ndarray, qtype: GGMLQuantizationType, n_out: int, n_in: int):
+        qtype = GGMLQuantizationType(qtype)
+        if qtype not in SUPPORTED:
+            raise ValueError(f"tensor {name!r} has type {qtype.name}, which the ellm engine does not "
+                             f"support ({', '.join(t.name for t in SUPPORTED)}); run this model with "
+                             f"the llama.cpp backend instead")
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        if n_in % block or raw.nbytes != n_out * (n_in // block) * block_bytes:
+            raise ValueError(f"tensor {name!r}: {raw.nbytes} bytes of {qtype.name} do not make a "
+                             f"({n_out}, {n_in}) matrix (rows must be whole blocks of {block}); "
+                             f"the GGUF file may be truncated or corrupt")
+        self.name = name
+        self.raw = raw  # (n_out, bytes_per_row) uint8, or (n_out, n_in) for F32/F16 — a view of the mmap
+        self.qtype = qtype
+        self.shape = (n_out, n_in)
+        self.planes = _REPACK[qtype](raw, n_out, n_in)  # name -> (n,) plane in row groups, same bytes
+        # f16 scales (F16: the weights) that are all zeros or normal numbers convert faster
+        self.plain_scales = f16_plane_is_plain(*(self.planes[k] for k in _F16_PLANES.get(qtype, ())))
+        self._rows_kernel, self._rows_args, self._mm_kernel, self._mm_args = self._bind_kernels()
+        self._n_groups = -(-n_out // GROUP)  # the kernels run one chunk of groups per thread
+
+    def _bind_kernels(self):
+        """(rows kernel, its leading arguments, matmul kernel, its leading arguments), chosen
+        once so a decode step pays for no lookups."""
+        p, qt, n_out, plain = self.planes, self.qtype, self.shape[0], self.plain_scales
+        if qt in (Q.Q4_0, Q.Q4_1):
+            m, kind = (p["m"], 1) if qt == Q.Q4_1 else (_NO_U16, 0)
+            return (legacy.rows_q4, (p["qs"], p["d"], m, kind == 1, n_out),
+                    legacy.matmul_q4, (p["qs"], p["d"], m, kind, plain, n_out))
+        if qt == Q.Q8_0:
+            return (legacy.rows_q8_0, (p["qs"], p["d"], n_out),
+                    legacy.matmul_q8_0, (p["qs"], p["d"], plain, n_out))
+        if qt in (Q.Q4_K, Q.Q5_K):
+            has_qh = qt == Q.Q5_K
+            k_args = (p["d"], p["dmin"], p["scales"], p["qh"] if has_qh else _NO_BYTES, p["qs"], has_qh)
+            return (kquants.rows_q45_k, k_args + (n_out,), kquants.matmul_q45_k, k_args + (plain, n_out))
+        if qt == Q.Q6_K:
+            k_args = (p["ql"], p["qh"], p["scales"], p["d"])
+            return (kquants.rows_q6_k, k_args + (n_out,), kquants.matmul_q6_k, k_args + (plain, n_out))
+        f_args = (p["w"], _FLOAT_KIND[qt])
+        return floats.rows_float, f_args + (n_out,), floats.matmul_float, f_args + (plain, n_out)
+
+    @classmethod
+    def from_tensor(cls, t: ReaderTensor, release_source: bool = True) -> "QMatrix":
+        """Wrap a tensor of a GGUFReader. With release_source, the file pages read while
+        repacking are dropped from this process (madvise), so the resident size of a loaded
+        model stays that of its repacked planes; ``.raw`` remains valid and re-reads the file."""
+        # GGUF lists dims fastest-first: shape [n_in, n_out].
+        n_in, n_out = int(t.shape[0]), int(t.shape[1])
+        m = cls(t.name, t.data, GGMLQuantizationType(t.tensor_type), n_out, n_in)
+        if release_source:
+            release_file_pages(t.data)
+        return m
+
+    @classmethod
+    def from_array(cls, data: np.ndarray, qtype: GGMLQuantizationType, name: str = "") -> "QMatrix":
+        """Wrap an in-memory 2-D array in GGUF layout: (n_out, bytes_per_row) uint8 for block
+        types (what ``gguf.quants.quantize`` returns), (n_out, n_in) float32/float16 for F32/F16,
+        uint16 bit patterns (or the bytes) for BF16."""
+        qtype = GGMLQuantizationType(qtype)
+        if data.dtype == np.uint8:
+            n_out, n_in = quants.quant_shape_from_byte_shape(data.shape, qtype)
+        else:
+            n_out, n_in = data.shape
+        return cls(name, data, qtype, int(n_out), int(n_in))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    # ---- Public API
+
+    def dequantize(self) -> np.ndarray:
+        """(n_out, n_in) float32 — for tests and references only."""
+        return self.rows(np.arange(self.shape[0]))
+
+    def rows(self, ids) -> np.ndarray:
+        """(len(ids), n_in) float32: dequantized rows, e.g. an embedding lookup."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)  # (n_ids,) int64
+        n_out, n_in = self.shape
+        if ids.size and (ids.min() < 0 or ids.max() >= n_out):
+            raise IndexError(f"{self.name}: row ids must lie in [0, {n_out})")
+        out = np.empty((ids.size, n_in), np.float32)  # (n_ids, n_in) float32
+        self._rows_kernel(*self._rows_args, ids, out)
+        return out
+
+    @property
+    def rows_kernel(self):
+        """(serial rows kernel, its leading arguments): kernel(*args, ids, out) dequantizes
+        rows ``ids`` into out; app/engine/quant/blas.py runs it on parts of the matrix."""
+        return self._rows_kernel, self._rows_args
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        """x (n_in,) float32 -> (n_out,) float32. The decode path: ~200 calls per token, so it
+        skips what matmul checks generally (each numpy call here costs ~0.3 us)."""
+        n_out, n_in = self.shape
+        if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.shape != (n_in,):
+            raise ValueError(f"{self.name}: expected activations ({n_in},), got {x.shape}")
+        out = np.empty((1, n_out), np.float32)          # (1, n_out) float32
+        self._mm_kernel(*self._mm_args, min(self._n_groups, num_threads()), x.reshape(1, n_in), out)
+        return out[0]
+
+    def activations(self, x) -> np.ndarray:
+        """x as (n_tok, n_in) contiguous float32 for a product with this matrix, or a
+        ValueError naming the matrix and the shape it got."""
+        x = np.ascontiguousarray(x, dtype=np.float32)  # (n_tok, n_in) float32
+        if x.ndim != 2 or x.shape[1] != self.shape[1]:
+            raise ValueError(f"{self.name}: expected activations (n_tok, {self.shape[1]}), got {x.shape}")
+        return x
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x (n_tok, n_in) float32 -> (n_tok, n_out) float32."""
+        x = self.activations(x)                        # (n_tok, n_in) float32
+        n_out = self.shape[0]
+        out = np.empty((x.shape[0], n_out), np.float32)  # (n_tok, n_out) float32
+        if x.shape[0] == 0:
+            return out
+        self._mm_kernel(*self._mm_args, min(self._n_groups, num_threads()), x, out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"QMatrix({self.name!r}, {self.qtype.name}, shape={self.shape})"
+
+
+# ---- resident memory
+
+_MADV_DONTNEED = 4
+
+
+def release_file_pages(arr: np.ndarray) -> bool:
+    """Drop the pages of ``arr`` from this process if (and only if) it views a read-only
+    shared file mapping (np.memmap mode 'r', as GGUFReader opens files). The page cache keeps
+    them and a later read faults them back in; anonymous or copy-on-write memory would lose
+    data under MADV_DONTNEED, so anything else is left alone. Returns True if released."""
+    base = arr
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+        if isinstance(base, mmap.mmap):
+            return False  # a bare mmap: its access mode is not visible, so do nothing
+    if base is None or getattr(base, "mode", None) != "r":
+        return False
+    page = mmap.PAGESIZE
+    start = arr.ctypes.data
+    lo = -(-start // page) * page                  # first whole page inside arr
+    hi = (start + arr.nbytes) // page * page       # end of the last whole page
+    if hi <= lo:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) == 0
