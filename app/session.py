@@ -6,9 +6,9 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from app.config import Paths, Settings
+from app.settings import Paths, Settings
 from app.engine.backend import SamplingParams
-from app.models import ModelError, resolve_model
+from app.runtime.model_files import ModelError, resolve_model
 from app.store import Store
 
 
@@ -45,7 +45,7 @@ class Session:
             raise SessionError(str(e)) from e
 
     def backend(self):
-        from app.backends import EngineUnavailable, open_backend
+        from app.runtime.engines import EngineUnavailable, open_backend
 
         s = self.settings
         path = self.model_path
@@ -57,7 +57,7 @@ class Session:
             raise SessionError(f"{path}: cannot load the model ({e})") from e
 
     def token_counter(self):
-        from app.backends import token_counter
+        from app.runtime.engines import token_counter
 
         try:
             return token_counter(self.model_path)

@@ -13,7 +13,7 @@ from app.engine.cpu.bandwidth import (
     probe_read_bandwidth,
 )
 from app.engine.kv import sizes as kv_sizes
-from app.hardware import format_report, hardware_report
+from app.runtime.hw_report import format_report, hardware_report
 from tests.engine.fake_sysfs import (
     XEON,
     no_numa_machine,

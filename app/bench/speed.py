@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.backends import LLAMACPP_KV_TYPES  # llama.cpp's cache types per KV setting
+from app.runtime.engines import LLAMACPP_KV_TYPES
 from app.engine.backend import SamplingParams
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def machine_info(model_path: Path, threads: int, bandwidth: float | None = None)
 
 
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
-    from app.backends import default_threads
+    from app.runtime.engines import default_threads
     from app.engine.attention.config import SparseConfig
 
     threads = cfg.threads or default_threads()
@@ -395,8 +395,8 @@ def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PRO
     """Run the KV probe (app/engine/kv/probe.py) of ``kv`` against f16 on the first ``limit``
     tokens of ``doc`` (a store row) with the model at ``model_path``. Returns its
     ProbeResult, or None if cancelled; raises ProbeError saying what to change."""
-    from app.backends import ELLM_ARCHITECTURES, thread_plan
-    from app.models import ModelError, scan_gguf
+    from app.runtime.engines import ELLM_ARCHITECTURES, thread_plan
+    from app.runtime.model_files import ModelError, scan_gguf
 
     if limit < 2:
         raise ProbeError(f"the KV probe needs at least 2 tokens, not {limit}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from app.config import Paths
+from app.settings import Paths
 
 
 def _has_display() -> bool:

@@ -12,8 +12,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout, QWidget,
 )
 
-from app.ask_target import KINDS, SELECTED, AskTarget, scope_note
-from app.history import PastAnswer
+from app.qa.targets import AskTarget, KINDS, SELECTED, scope_note
+from app.qa.history import PastAnswer
 from app.ui.widgets import ElidedLabel, info_label
 
 PASSAGE_PREVIEW = 220
@@ -46,7 +46,7 @@ class AskPane(QWidget):
     sig_history_search = Signal(str)
     """The history search text changed (debounced); "" lists every answer."""
     sig_target_changed = Signal(str)
-    """The person chose what to ask about: a kind of app.ask_target (selected, folder, everything)."""
+    """The person chose what to ask about: a kind of app.qa.targets (selected, folder, everything)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -157,7 +157,7 @@ class AskPane(QWidget):
     # ---- Public API --------------------------------------------------------
 
     def target_kind(self) -> str:
-        """What the person chose to ask about (a kind of app.ask_target)."""
+        """What the person chose to ask about (a kind of app.qa.targets)."""
         return self.target.currentData()
 
     def set_target_kind(self, kind: str) -> None:

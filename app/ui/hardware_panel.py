@@ -12,8 +12,8 @@ from PySide6.QtWidgets import (
     QComboBox, QFormLayout, QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from app.config import NUMA_POLICIES
-from app.hardware import format_cpulist
+from app.settings import NUMA_POLICIES
+from app.runtime.hw_report import format_cpulist
 
 NUMA_TIPS = {
     "distribute": "Threads on every NUMA node; weights and KV cache split so each node reads its own memory",

@@ -6,14 +6,14 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QThreadPool, Signal
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.live import bytes_per_decode_token
+from app.runtime.live import bytes_per_decode_token
 from app.ui.workers import Job, JobControl, start
 
 
 def _report_fn():
     """``app.hardware.hardware_report`` and the panel class, or None where this build lacks them."""
     try:
-        from app.hardware import hardware_report
+        from app.runtime.hw_report import hardware_report
         from app.ui.hardware_panel import HardwarePanel
     except ImportError:
         return None
@@ -42,7 +42,7 @@ class HardwareTab(QWidget):
         self._layout.addWidget(self.placeholder)
         self.available = _report_fn() is not None
         self.placeholder.setText("Looking at this machine…" if self.available else
-                                 "Hardware information is not part of this build (app.hardware is missing).")
+                                 "Hardware information is not part of this build (app.runtime.hw_report is missing).")
 
     # ---- Public API --------------------------------------------------------
 

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (
     QTableWidgetItem, QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.folders import documents_in, folders_to_rescan, watch_targets
+from app.library.folders import documents_in, folders_to_rescan, watch_targets
 from app.ui.widgets import info_label
 
 COLUMNS = ("Title", "Pages", "Tokens", "Status")

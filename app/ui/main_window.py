@@ -10,9 +10,9 @@ from PySide6.QtCore import Qt, QThreadPool
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget, QToolBar
 
-from app.ask_target import AskTarget, resolve, scope_note
-from app.history import PastAnswer, history, latest
-from app.live import LiveRate
+from app.qa.targets import AskTarget, resolve, scope_note
+from app.qa.history import PastAnswer, history, latest
+from app.runtime.live import LiveRate
 from app.session import Session
 from app.ui.ask_pane import AskPane
 from app.ui.hardware_tab import HardwareTab
@@ -150,7 +150,7 @@ class MainWindow(QMainWindow):
         self.ingest(folders)
 
     def ingest(self, paths: list[str]) -> Job:
-        from app.ingest import ingest
+        from app.library.ingest import ingest
 
         if self.ingest_job is not None:
             return self.ingest_job
@@ -211,9 +211,9 @@ class MainWindow(QMainWindow):
 
     def ask(self, question: str) -> Job | None:
         """Ask ``question`` about the ask pane's target: one document as `ellm ask --doc`,
-        several in one generation as `ellm ask --folder / --all` (app/folder_ask.py)."""
-        from app.ask import ask
-        from app.folder_ask import ask_many
+        several in one generation as `ellm ask --folder / --all` (app/qa/across.py)."""
+        from app.qa.answer import ask
+        from app.qa.across import ask_many
 
         if self.ask_job is not None:
             return self.ask_job

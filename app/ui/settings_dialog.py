@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
 )
 
-from app.config import ATTENTION, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
+from app.settings import ATTENTION, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
 from app.ui.widgets import info_label
 from app.ui.workers import Job, start
 
@@ -71,7 +71,7 @@ def describe_model(path: str) -> tuple[str, bool]:
     """A readable line of a GGUF file's metadata, or the reason it cannot be used (ok=False).
     Takes seconds on a big vocabulary (gguf parses every field), so the dialog calls it
     in the background and remembers the answer per file version."""
-    from app.models import ModelError, default_model_path, read_model_info
+    from app.runtime.model_files import ModelError, default_model_path, read_model_info
 
     try:
         info = read_model_info(path or default_model_path())
@@ -87,7 +87,7 @@ _described: dict[tuple, tuple[str, bool]] = {}  # (path, mtime, size) -> describ
 
 def _version(path: str) -> tuple | None:
     """What identifies one version of the model file ("" = the default model)."""
-    from app.models import ModelError, default_model_path
+    from app.runtime.model_files import ModelError, default_model_path
 
     try:
         p = Path(path).expanduser() if path else default_model_path()
@@ -279,7 +279,7 @@ class SettingsDialog(QDialog):
         except ValueError as e:
             return self._fail(str(e))
         if s.model:
-            from app.models import ModelError, check_gguf_header, resolve_model
+            from app.runtime.model_files import ModelError, check_gguf_header, resolve_model
 
             try:  # the quick checks; a deeper fault is reported when the model is loaded
                 check_gguf_header(resolve_model(s.model, self.session.paths.models_dir))
@@ -301,7 +301,7 @@ class SettingsDialog(QDialog):
             self.kv_probe_button.setEnabled(False)  # until the job stops at its next chunk
             self._probe_message("Cancelling…")
             return
-        from app.models import ModelError, resolve_model
+        from app.runtime.model_files import ModelError, resolve_model
 
         doc = self._probe_document()
         if doc is None:
@@ -408,7 +408,7 @@ class SettingsDialog(QDialog):
         path = self.model.text().strip()
         version = _version(path)
         if version is None:
-            from app.models import ModelError, resolve_model
+            from app.runtime.model_files import ModelError, resolve_model
 
             try:
                 resolve_model(path, self.session.paths.models_dir)

@@ -98,7 +98,7 @@ class SummaryPane(QWidget):
         self._update_buttons()
 
     def summarize(self) -> Job | None:
-        from app.summarize import summarize
+        from app.qa.summarize import summarize
 
         if self.doc is None:
             self.sig_error.emit("Select a document in the library first.")
@@ -140,7 +140,7 @@ class SummaryPane(QWidget):
 
     def export_to(self, path: str | os.PathLike, fmt: str | None = None) -> Path | None:
         """Write the summary shown to ``path`` (format from ``fmt`` or the suffix)."""
-        from app.export import ExportError, export
+        from app.qa.export import ExportError, export
 
         if not self.summary:
             self.sig_error.emit("There is no summary to export yet: click Summarize first.")

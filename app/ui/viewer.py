@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
     QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.passages import locate_in_pdf_words, locate_passage, page_blocks
+from app.library.passages import locate_in_pdf_words, locate_passage, page_blocks
 from app.ui.widgets import info_label
 
 ZOOM_STEP = 1.25

@@ -31,9 +31,9 @@ def test_ask_about_a_pdf_answers_with_page_citations(cli, ingested):
 
 
 def test_citations_point_at_the_page_that_holds_the_answer(cli, ingested, data_dir):
-    from app.ask import cite
-    from app.config import Paths
-    from app.prompting import load_pages, plan_context
+    from app.qa.citations import cite
+    from app.settings import Paths
+    from app.qa.pages import load_pages, plan_context
     from app.store import Store
 
     store = Store(Paths.resolve(data_dir).db)
@@ -131,7 +131,7 @@ def test_complete_greedy_is_deterministic(cli):
 
 
 def test_cited_passage_is_the_matching_sentence_not_the_page_opening():
-    from app.ask import best_window
+    from app.qa.citations import best_window
 
     page = ("Riverside Harbour Authority annual report. This report describes the work of the year. "
             + "Traffic grew on the river and the quays were busy all summer long. " * 4

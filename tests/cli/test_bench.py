@@ -7,7 +7,7 @@ from gguf import GGUFReader
 
 from app.bench.speed import kv_bytes_per_token, model_bytes
 from app.engine.kv.sizes import KVShape
-from app.models import default_model_path
+from app.runtime.model_files import default_model_path
 
 
 def test_weight_bytes_count_every_matrix_once_and_one_embedding_row():

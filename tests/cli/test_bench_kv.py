@@ -135,7 +135,7 @@ def test_ask_uses_the_kv_and_attention_of_the_call_and_keeps_the_settings(cli, t
                        "--max-tokens", "3", "--greedy", "--json", json_out=True)
     assert rc == 0, err
     assert (obj["engine"], obj["timings"]["kv"], obj["timings"]["attention"]) == ("ellm", "k4v4", "sparse")
-    from app.config import Paths
+    from app.settings import Paths
     from app.session import Session
 
     assert Session(Paths.resolve(data_dir)).settings.kv == "f16", "an option of one call is not saved"

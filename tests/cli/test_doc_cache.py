@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from app import backends
-from app.ask import ask
-from app.config import Paths
+from app.runtime import engines as backends
+from app.qa.answer import ask
+from app.settings import Paths
 from app.engine.kv.files import read_header
 from app.session import Session
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from app import backends
-from app.config import Paths
-from app.folder_ask import ask_many
+from app.runtime import engines as backends
+from app.settings import Paths
+from app.qa.across import ask_many
 from app.session import Session
 from tests.docs.make_samples import make_pdf
 

@@ -40,8 +40,8 @@ def test_folder_with_four_good_files_and_a_truncated_pdf(cli, corpus):
 
 
 def test_token_counts_come_from_the_model_tokenizer(cli, corpus):
-    from app.backends import token_counter
-    from app.models import default_model_path
+    from app.runtime.engines import token_counter
+    from app.runtime.model_files import default_model_path
 
     cli("ingest", str(corpus / "notes.txt"))
     _, docs, _ = cli("docs", "--json", json_out=True)
@@ -72,7 +72,7 @@ def test_reingest_skips_unchanged_replaces_changed_and_marks_deleted(cli, corpus
 
 
 def test_changed_text_is_what_the_store_holds(cli, corpus, data_dir):
-    from app.config import Paths
+    from app.settings import Paths
     from app.store import Store
 
     cli("ingest", str(corpus))
@@ -87,7 +87,7 @@ def test_changed_text_is_what_the_store_holds(cli, corpus, data_dir):
 
 
 def test_a_failed_file_keeps_its_earlier_good_content(cli, corpus, data_dir):
-    from app.config import Paths
+    from app.settings import Paths
     from app.store import Store
 
     cli("ingest", str(corpus))

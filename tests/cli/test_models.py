@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from app import __version__
-from app.models import DEFAULT_MODEL_FILE, default_model_path
+from app.runtime.model_files import DEFAULT_MODEL_FILE, default_model_path
 
 
 def test_default_model_is_found_without_importing_its_package():

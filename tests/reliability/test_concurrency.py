@@ -1,6 +1,6 @@
 """Concurrent use: ingesting while answering (threads, one shared Store or one each),
 many threads on one Store, and two processes on one data directory. SQLite (WAL,
-busy timeout) keeps the store consistent; the ingest lock (app/locking.py) makes two
+busy timeout) keeps the store consistent; the ingest lock (app/library/locking.py) makes two
 ingestions take turns."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from app.ask import ask
-from app.config import Paths, Settings
-from app.ingest import ingest
+from app.qa.answer import ask
+from app.settings import Paths, Settings
+from app.library.ingest import ingest
 from app.session import Session
 from app.store import Store
 from tests.conftest import TREATY_PAGES
@@ -176,11 +176,11 @@ def test_asking_in_one_process_while_another_ingests(tmp_path, data_dir):
     assert store_problems(db) == []
 
 
-# ---- The lock itself (app/locking.py) -------------------------------------------------
+# ---- The lock itself (app/library/locking.py) -------------------------------------------------
 
 
 def test_a_lock_is_waited_for_and_says_who_holds_it(tmp_path):
-    from app.locking import LockTimeout, file_lock
+    from app.library.locking import LockTimeout, file_lock
 
     order: list[str] = []
     told: list[str] = []
@@ -207,16 +207,16 @@ def test_a_lock_is_waited_for_and_says_who_holds_it(tmp_path):
 def test_a_lock_file_removed_by_doctor_is_never_shared(tmp_path, monkeypatch):
     """remove_if_unheld (doctor) removes only an unheld lock file, and a process that
     opened the old file just before the removal locks the new one instead."""
-    from app.locking import file_lock, is_held, lock_path, remove_if_unheld
+    from app.library.locking import file_lock, is_held, lock_path, remove_if_unheld
 
     path = lock_path(tmp_path, "ingest")
     with file_lock(tmp_path, "ingest"):
         assert is_held(path) and remove_if_unheld(path) is False and path.exists()
     assert not is_held(path) and remove_if_unheld(path) is True and not path.exists()
 
-    import app.locking
+    import app.library.locking
 
-    real_still_at = app.locking._still_at
+    real_still_at = app.library.locking._still_at
     calls = []
 
     def removed_meanwhile(fd, p):  # the file is unlinked between our open and our flock
@@ -225,7 +225,7 @@ def test_a_lock_file_removed_by_doctor_is_never_shared(tmp_path, monkeypatch):
             p.unlink()
         return real_still_at(fd, p)
 
-    monkeypatch.setattr(app.locking, "_still_at", removed_meanwhile)
+    monkeypatch.setattr(app.library.locking, "_still_at", removed_meanwhile)
     with file_lock(tmp_path, "ingest") as held:
         assert held.exists() and is_held(held)  # the file now at the path is the one we hold
     assert calls == [1]
@@ -233,7 +233,7 @@ def test_a_lock_file_removed_by_doctor_is_never_shared(tmp_path, monkeypatch):
 
 def test_an_ingestion_waiting_for_the_lock_can_be_cancelled(tmp_path):
     """The window's Stop button works while its ingestion waits for another eLLM's."""
-    from app.locking import file_lock
+    from app.library.locking import file_lock
 
     store = Store(tmp_path / "ellm.db")
     library = write_library(tmp_path / "library", 2)

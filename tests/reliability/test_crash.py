@@ -19,7 +19,7 @@ import random
 
 import pytest
 
-from app.ingest import chunk_page
+from app.library.ingest import chunk_page
 from tests.conftest import TREATY_PAGES
 from tests.docs.make_samples import make_pdf
 from tests.reliability.helpers import (

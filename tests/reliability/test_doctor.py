@@ -1,4 +1,4 @@
-"""`ellm doctor` (app/doctor.py): finds what is wrong in a data directory, repairs what
+"""`ellm doctor` (app/library/doctor.py): finds what is wrong in a data directory, repairs what
 is safe to repair, reports what it did, and changes nothing with repair=False."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from app.config import Paths
-from app.doctor import format_doctor, run_doctor
-from app.locking import file_lock, holder_of, lock_path
+from app.settings import Paths
+from app.library.doctor import format_doctor, run_doctor
+from app.library.locking import file_lock, holder_of, lock_path
 from app.store import Store
 from tests.reliability.helpers import store_problems
 

@@ -203,7 +203,7 @@ def test_memory_stays_bounded_and_the_store_is_consistent(ingested):
 
 def test_a_file_that_disappears_between_hashing_and_reading(cli, tmp_path, monkeypatch):
     """The other window: the file is gone after it was listed and hashed, before the reader opens it."""
-    import app.ingest
+    import app.library.ingest
     from app import docs
 
     folder = tmp_path / "lib"
@@ -217,7 +217,7 @@ def test_a_file_that_disappears_between_hashing_and_reading(cli, tmp_path, monke
             Path(path).unlink()
         return real_read(path)
 
-    monkeypatch.setattr(app.ingest.docs, "read", read_after_deletion)
+    monkeypatch.setattr(app.library.ingest.docs, "read", read_after_deletion)
     rc, out, _ = cli("ingest", str(folder))
     assert rc == 0
     assert f"{folder / 'a.txt'}: ingested (" in out
@@ -228,7 +228,7 @@ def test_a_folder_tree_deeper_than_the_recursion_limit(tmp_path):
     """os.walk raised RecursionError on ~1000 levels (Python 3.11), which ended the whole ingestion."""
     import tempfile
 
-    from app.ingest import collect
+    from app.library.ingest import collect
 
     # On tmpfs when there is one: removing 1100 folders one by one took 4 s on disk.
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from app.models import GIB, MEMORY_MARGIN_BYTES, default_model_path
+from app.runtime.model_files import GIB, MEMORY_MARGIN_BYTES, default_model_path
 from tests.conftest import TREATY_PAGES
 from tests.docs.make_samples import make_pdf
 from tests.reliability.helpers import cli_env, run_cli
@@ -47,7 +47,7 @@ def expected_messages(models) -> dict[str, str]:
 @pytest.fixture
 def nothing_loads(monkeypatch):
     """Fail the test if a backend starts loading a model."""
-    import app.backends
+    import app.runtime.engines
     import app.engine.llamacpp_backend
 
     def refuse(self, *args, **kwargs):
@@ -56,7 +56,7 @@ def nothing_loads(monkeypatch):
     monkeypatch.setattr(app.engine.llamacpp_backend.LlamaCppBackend, "__init__", refuse)
     monkeypatch.setenv("ELLM_FAKE_MEMAVAILABLE", str(FREE))
     # No model loaded by an earlier test in this process: its memory would count as free.
-    monkeypatch.setattr(app.backends, "_cache", {})
+    monkeypatch.setattr(app.runtime.engines, "_cache", {})
 
 
 @pytest.mark.parametrize("kind", ["truncated", "not_gguf", "big"])
@@ -68,7 +68,7 @@ def test_complete_refuses_a_bad_model_before_loading_it(cli, bad_models, nothing
 
 @pytest.mark.parametrize("kind", ["truncated", "not_gguf", "big"])
 def test_ask_refuses_a_bad_model_before_loading_it(cli, bad_models, tmp_path, data_dir, request, kind):
-    from app.config import Paths
+    from app.settings import Paths
     from app.store import Store
 
     make_pdf(tmp_path / "treaty.pdf", TREATY_PAGES)

@@ -61,7 +61,7 @@ def test_ingest_ask_and_summarize_open_no_socket(no_network, cli, corpus, tmp_pa
 
 
 def test_the_window_opens_no_socket(no_network, qtbot, data_dir, corpus):
-    from app.config import Paths, Settings
+    from app.settings import Paths, Settings
     from app.session import Session
     from app.ui.main_window import MainWindow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.config import Paths, Settings
+from app.settings import Paths, Settings
 from app.session import Session
 from app.ui.main_window import MainWindow
 

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from PySide6.QtCore import Qt
 
-from app.ask import Answer
-from app.ask_target import EVERYTHING, FOLDER, SELECTED, resolve, short_path
-from app.prompting import ContextPlan
+from app.qa.answer import Answer
+from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve, short_path
+from app.qa.pages import ContextPlan
 from tests.docs.make_samples import make_text
 from tests.ui.helpers import ask_and_wait, doc_id, ingest, row_of
 
@@ -46,10 +46,10 @@ def services(monkeypatch, session):
         answer.answer_id = store.add_answer(considered, question, text, citations, model_name, "fake", {})
         return answer
 
-    import app.folder_ask  # noqa: F401  bound to the real ask before it is replaced here
+    import app.qa.across  # noqa: F401  bound to the real ask before it is replaced here
 
-    monkeypatch.setattr("app.ask.ask", fake_ask)
-    monkeypatch.setattr("app.folder_ask.ask_many", fake_ask_many)
+    monkeypatch.setattr("app.qa.answer.ask", fake_ask)
+    monkeypatch.setattr("app.qa.across.ask_many", fake_ask_many)
     monkeypatch.setattr(session, "backend", lambda: None)  # no model is loaded
     return fakes
 

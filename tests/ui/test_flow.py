@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog
 
-from app.config import Settings
+from app.settings import Settings
 from tests.ui.conftest import FAST
 from tests.ui.helpers import ANSWER_TIMEOUT_MS, ask_and_wait, doc_id, row_of
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from app.hardware import hardware_report
+from app.runtime.hw_report import hardware_report
 from app.ui.hardware_panel import HardwarePanel
 from tests.engine.fake_sysfs import XEON, one_node_vm, two_socket_server
 

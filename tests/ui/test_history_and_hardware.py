@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 from PySide6.QtCore import Qt, QUrl
 
-from app.ask import Answer
-from app.prompting import ContextPlan
+from app.qa.answer import Answer
+from app.qa.pages import ContextPlan
 from tests.ui.helpers import ask_and_wait, doc_id, ingest
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from app.config import Settings
+from app.settings import Settings
 from app.engine.attention.config import SparseConfig
 from app.engine.kv.formats import BLOCK
 from app.ui.settings_dialog import KV_PRECISIONS, SPARSE_FIELDS

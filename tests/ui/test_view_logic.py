@@ -1,13 +1,13 @@
-"""The Qt-free logic behind the window (app/passages.py, app/folders.py,
-app/live.py, app/history.py), tested without a window."""
+"""The Qt-free logic behind the window (app/library/passages.py, app/library/folders.py,
+app/runtime/live.py, app/qa/history.py), tested without a window."""
 from __future__ import annotations
 
 import pymupdf
 
-from app.folders import documents_in, folder_of, folders_to_rescan, watch_targets
-from app.history import history, latest
-from app.live import LiveRate, bytes_per_decode_token
-from app.passages import Block, align, locate_in_pdf_words, locate_passage, page_blocks
+from app.library.folders import documents_in, folder_of, folders_to_rescan, watch_targets
+from app.qa.history import history, latest
+from app.runtime.live import LiveRate, bytes_per_decode_token
+from app.library.passages import Block, align, locate_in_pdf_words, locate_passage, page_blocks
 from app.store import Store
 from tests.docs.make_samples import make_pdf
 

@@ -6,7 +6,7 @@ import sys
 
 from PySide6.QtCore import Qt
 
-from app.config import Settings
+from app.settings import Settings
 from tests.ui.helpers import ingest
 
 

@@ -77,7 +77,7 @@ if os.environ.get("ELLM_TEST_PAUSE_IN_SAVE"):
 if os.environ.get("ELLM_TEST_STREAM_DELAY"):
     import time
 
-    import app.ask as _ask
+    import app.qa.answer as _ask
 
     _delay = float(os.environ["ELLM_TEST_STREAM_DELAY"])
     _real_stream = _ask.stream_text
@@ -92,7 +92,7 @@ if os.environ.get("ELLM_TEST_STREAM_DELAY"):
 if os.environ.get("ELLM_TEST_INGEST_HOLD"):
     import time
 
-    import app.ingest as _ingest
+    import app.library.ingest as _ingest
 
     _hold = os.environ["ELLM_TEST_INGEST_HOLD"]
     _real_one = _ingest._ingest_one

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from app.engine.backend import SamplingParams, stream_text
-from app.prompting import TEMPLATE_OVERHEAD, PageText, format_pages, load_pages, page_ranges, token_counter
+from app.qa.pages import PageText, TEMPLATE_OVERHEAD, format_pages, load_pages, page_ranges, token_counter
 from app.store import Store
 
 SUMMARY_SYSTEM = (

@@ -3,7 +3,7 @@
 N documents of filler prose totalling T tokens; in one of them, at a random depth, a pass key
 ("The pass key is 48213. Remember it. 48213 is the pass key."). Each document's KV cache is
 computed once and kept as a file (app/engine/kv/files.py); a question then lays all the caches
-side by side (as app/folder_ask.py does) and asks for the key. Reported: accuracy over the
+side by side (as app/qa/across.py does) and asks for the key. Reported: accuracy over the
 trials, time to first token with warm caches (laying out the caches, prefilling the question,
 the first token), decode tokens/s at that context; beside them, for reference in the same run,
 dense attention on a single document of ``baseline_tokens`` tokens holding the same kind of
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.engine.backend import SamplingParams
-from app.passkey import HEADER, NEEDLE, QUESTION
-from app.passkey import SENTENCES as _SENTENCES
+from app.bench.passkey import HEADER, NEEDLE, QUESTION
+from app.bench.passkey import SENTENCES as _SENTENCES
 
-# The pass key test's wording (app/passkey.py), which SmolLM2 answers in a single document.
+# The pass key test's wording (app/bench/passkey.py), which SmolLM2 answers in a single document.
 
 
 def needle_sentence(key: int) -> str:

@@ -160,7 +160,7 @@ def variants(cfg: PasskeyConfig) -> list[tuple[str, str, str]]:
 
 def run_passkey(cfg: PasskeyConfig, progress: Callable[[str], None] | None = None) -> dict:
     """Every variant at every context on the same prompts: {"machine", "config", "results"}."""
-    from app.backends import default_threads
+    from app.runtime.engines import default_threads
     from app.bench.speed import machine_info, open_engine
     from app.engine.backend import SamplingParams
     from app.engine.attention.config import SparseConfig

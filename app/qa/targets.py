@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from app.folders import documents_in
+from app.library.folders import documents_in
 
 SELECTED, FOLDER, EVERYTHING = "selected", "folder", "everything"
 KINDS = {SELECTED: "Selected documents", FOLDER: "This folder", EVERYTHING: "Everything"}

@@ -18,12 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.ask import Answer, AnswerStream, AskError, Prompt, ask, build_prompt, cite
-from app.attended import attended_across
-from app.doccache import DocCaches, store_cache_dir
+from app.qa.answer import Answer, AnswerStream, AskError, ask
+from app.qa.citations import cite
+from app.qa.prompt import Prompt, build_prompt
+from app.qa.attended import attended_across
+from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.engine.backend import SamplingParams
-from app.models import mem_available
-from app.prompting import ContextPlan, PageText, format_pages, load_pages, token_counter
+from app.runtime.model_files import mem_available
+from app.qa.pages import ContextPlan, PageText, format_pages, load_pages, token_counter
 from app.store import Store
 
 MEMORY_FRACTION = 0.5   # of available memory the caches of one question may take

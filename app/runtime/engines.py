@@ -11,7 +11,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-from app.models import ModelError, check_gguf_header, scan_gguf, validate_model
+from app.runtime.model_files import ModelError, check_gguf_header, scan_gguf, validate_model
 
 ELLM_ARCHITECTURES = ("llama", "qwen2")
 

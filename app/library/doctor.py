@@ -17,8 +17,16 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 
-from app.config import Paths
-from app.locking import LOCK_DIR, LOCK_SUFFIX, LockTimeout, file_lock, holder_of, is_held, remove_if_unheld
+from app.settings import Paths
+from app.library.locking import (
+    LOCK_DIR,
+    LOCK_SUFFIX,
+    LockTimeout,
+    file_lock,
+    holder_of,
+    is_held,
+    remove_if_unheld,
+)
 
 OK, REPAIRED, PROBLEM = "ok", "repaired", "problem"
 TEMP_MAX_AGE_S = 60

@@ -8,7 +8,7 @@ the answer itself) are left out; the weights are shares of the mass the document
 """
 from __future__ import annotations
 
-from app.prompting import ContextPlan
+from app.qa.pages import ContextPlan
 
 MAX_ATTENDED = 5
 PASSAGE_CHARS = 300

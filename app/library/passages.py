@@ -1,7 +1,7 @@
 """Finding a cited passage again on its page, and the structure of a text page.
 
 A citation carries a passage whose whitespace was collapsed and which may be cut
-short with "…" (app.ask.passage). To highlight it, the viewer has to find it
+short with "…" (app.qa.citations.passage). To highlight it, the viewer has to find it
 again in the page's original text (text documents) or among the words pymupdf
 extracts from the page (PDF). Both are done by comparing normalised words, not
 characters, so line breaks, hyphen-free wrapping and ligatures do not matter.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from app import docs
-from app.locking import LockWaitCancelled, file_lock
+from app.library.locking import LockWaitCancelled, file_lock
 from app.store import Store
 from app.store.db import now
 
@@ -26,7 +26,7 @@ TOKEN_COUNT_CHARS = 1 << 20
 """Tokens are counted this many characters of pages at a time: llama.cpp's tokenizer
 allocates a token buffer as long as its input, so counting a 30 MB text in one call
 took ~20x its size in memory."""
-INGEST_LOCK = "ingest"  # app.locking purpose: one ingestion per data directory at a time
+INGEST_LOCK = "ingest"  # app.library.locking purpose: one ingestion per data directory at a time
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ TokenCounter = Callable[[str], int]
 
 
 def _data_dir_lock(store: Store, cancel: Callable[[], bool] | None):
-    """The data directory's ingest lock (app.locking), so two eLLM processes ingesting
+    """The data directory's ingest lock (app.library.locking), so two eLLM processes ingesting
     at once take turns; none for a store that is not a file."""
     if store.path == ":memory:" or store.path.startswith("file:"):
         return nullcontext()

@@ -1,0 +1,171 @@
+"""The measurement subcommands: ``ellm bench`` (speed, ``--passkey``, ``--needle-folder``) and
+``ellm kv-probe``. They import app.bench only when run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.cli.context import CliError, Context, err
+
+
+def cmd_bench(ctx: Context) -> int:
+    a = ctx.args
+    engines = comma_list(a.engines or ("ellm" if a.passkey else "ellm,llamacpp"))
+    for e in engines:
+        if e not in ("ellm", "llamacpp"):
+            raise CliError(f"unknown engine '{e}' in --engines; choose from ellm, llamacpp")
+    contexts_text = a.contexts or ("4096" if a.passkey else "512")
+    try:
+        contexts = tuple(int(c) for c in comma_list(contexts_text))
+    except ValueError as e:
+        raise CliError(f"--contexts takes numbers separated by commas, not '{contexts_text}'") from e
+    if not contexts or min(contexts) < 1:
+        raise CliError(f"--contexts takes positive numbers separated by commas, not '{contexts_text}'")
+    kvs = kv_names(a.kv_list)
+    attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else "dense"))
+    if not attentions:
+        raise CliError("--attention takes dense, sparse or dense,sparse")
+    for m in attentions:
+        if m not in ("dense", "sparse"):
+            raise CliError(f"unknown attention '{m}' in --attention; choose from dense, sparse")
+    sparse = sparse_config(a)
+    if a.needle_folder:
+        return bench_needle_folder(ctx, kvs, attentions, sparse)
+    if a.passkey:
+        return bench_passkey(ctx, engines, contexts, kvs, attentions, sparse)
+    from app.bench.speed import BenchConfig, format_table, plot, run_bench
+
+    pins = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(a.pin)
+    if pins is None:
+        raise CliError(f"--pin takes on, off or on,off, not '{a.pin}'")
+    cfg = BenchConfig(model_path=ctx.model_path, engines=engines, contexts=contexts, decode_steps=a.steps,
+                      threads=a.threads or 0, kvs=kvs, attentions=attentions, sparse=sparse, pinning=pins)
+    try:
+        report = run_bench(cfg, progress=lambda what: err(f"bench: {what}"))
+    except ValueError as e:   # a backend refused a combination (its message names it)
+        raise CliError(str(e)) from e
+    print(format_table(report))
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(report, indent=2))
+        err(f"bench: results written to {a.json_file}")
+    if a.plot:
+        plot(report, a.plot)
+        err(f"bench: chart written to {a.plot}")
+    return 0
+
+
+
+def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
+    from app.engine.attention.config import SparseConfig
+    from app.bench.needle import NeedleConfig, run_needle_folder
+
+    a = ctx.args
+    if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
+        raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
+    mode = attentions[0] if attentions else "sparse"
+    attention = sparse if (mode == "sparse" and sparse is not None) else SparseConfig(mode=mode)
+    cfg = NeedleConfig(ctx.model_path, n_docs=a.needle_folder, tokens=a.tokens, trials=a.trials, kv=kvs[0],
+                       attention=attention, threads=a.threads or 0, decode_steps=a.steps)
+    report = run_needle_folder(cfg, progress=lambda what: err(f"needle: {what}")).as_dict()
+    base, lc = report["baseline"], report["llamacpp"]
+    print(f"{a.needle_folder} documents, {a.tokens} tokens, KV {kvs[0]}, {mode} attention: "
+          f"found {report['accuracy']:.0%} of {a.trials} trials, time to first token {report['ttft_s_median']:.2f} s "
+          f"(warm caches, median), decode {report['decode_tok_s']:.1f} tok/s, "
+          f"{report['kv_read_bytes_per_token'] / 1e6:.1f} MB of KV read per token")
+    print(f"reference: dense attention in one {base['tokens']}-token document found {base['accuracy']:.0%}; "
+          f"llama.cpp dense decode at {lc.get('context', 0)} tokens: {lc.get('decode_tok_s', 0):.1f} tok/s")
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(report, indent=2))
+        err(f"needle: results written to {a.json_file}")
+    return 0
+
+
+
+def bench_passkey(ctx: Context, engines, contexts, kvs, attentions, sparse) -> int:
+    from app.bench.passkey import PasskeyConfig, depth_detail, format_passkey, run_passkey
+
+    a = ctx.args
+    if a.plot:
+        raise CliError("--plot draws the speed benchmark; --passkey writes a table (and --json FILE)")
+    if a.trials < 1:
+        raise CliError(f"--trials must be at least 1, not {a.trials}")
+    cfg = PasskeyConfig(model_path=ctx.model_path, contexts=contexts, engines=engines, kvs=kvs,
+                        attentions=attentions, sparse=sparse, trials=a.trials, threads=a.threads or 0)
+    try:
+        report = run_passkey(cfg, progress=lambda what: err(f"passkey: {what}"))
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    print(format_passkey(report))
+    print()
+    print("\n".join(depth_detail(report)))
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(report, indent=2))
+        err(f"passkey: results written to {a.json_file}")
+    return 0
+
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+
+def kv_names(text: str) -> tuple[str, ...]:
+    """The KV formats of a comma list, by their canonical names; an unknown one is an error."""
+    from app.engine.kv.formats import KVSpec
+
+    names = []
+    for name in comma_list(text):
+        try:
+            names.append(KVSpec.parse(name).name)
+        except ValueError as e:
+            raise CliError(f"--kv: {e}") from e
+    if not names:
+        raise CliError("--kv takes KV formats separated by commas (f16, k8v8, k8v4, k4v4)")
+    return tuple(dict.fromkeys(names))
+
+
+
+def sparse_config(a):
+    """The SparseConfig of --sinks --window --top-k --dense-layers --reselect --observe (engine defaults
+    for those not given)."""
+    from app.engine.attention.config import SPARSE_OPTIONS, SparseConfig
+
+    given = {k: getattr(a, k) for k in SPARSE_OPTIONS
+             if getattr(a, k) is not None}
+    try:
+        return SparseConfig(mode="sparse", **given)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+
+
+
+def cmd_kv_probe(ctx: Context) -> int:
+    from app.bench.speed import PROBE_TOKENS, ProbeError, probe_document
+
+    a = ctx.args
+    limit = PROBE_TOKENS if a.tokens is None else a.tokens
+    if limit < 2:
+        raise CliError(f"--tokens must be at least 2, not {limit}")
+    doc = ctx.resolve_doc(a.doc)
+    s = ctx.session.settings
+    model = ctx.model_path
+    err(f"kv-probe: {a.probe_kv} against f16 on '{doc['title']}' with {model.name} (first {limit} tokens)")
+
+    def progress(done: int, total: int) -> None:
+        err(f"kv-probe: [{done}/{total}] tokens")
+
+    try:
+        result = probe_document(ctx.store, doc, model, a.probe_kv, limit, s.threads, s.numa, progress)
+    except ProbeError as e:
+        raise CliError(str(e)) from e
+    if ctx.json:
+        ctx.print_json(result.as_dict())
+        return 0
+    used = ("the whole document" if result.tokens < limit
+            else f"the first {result.tokens} tokens (--tokens changes it)")
+    print(f"KV {result.kv} against f16 on '{doc['title']}' ({doc['path']}), {result.tokens} tokens: {used}")
+    print(f"  mean KL divergence   {result.mean_kl:.6f} nats")
+    print(f"  max KL divergence    {result.max_kl:.6f} nats")
+    print(f"  top-1 agreement      {result.top1_agreement:.2%}")
+    return 0

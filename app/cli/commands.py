@@ -1,0 +1,231 @@
+"""The product's subcommands: gui, ingest, docs, ask, summarize, models, complete, doctor, hw.
+Each takes the invocation's Context and returns the exit status."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from app.cli.context import CliError, Context, err
+from app.settings import Paths
+
+
+def cmd_gui(ctx: Context) -> int:
+    from app.ui.app import run_gui
+
+    return run_gui(ctx.paths, screenshot=ctx.args.screenshot)
+
+
+def cmd_ingest(ctx: Context) -> int:
+    from app.library.ingest import ingest
+
+    count = ctx.session.token_counter()
+
+    def show(event) -> None:
+        if not ctx.json:
+            print(f"[{event.index}/{event.total}] {event.line()}", flush=True)
+
+    report = ingest(ctx.store, ctx.args.paths, count, progress=show)
+    if ctx.json:
+        ctx.print_json({"files": [e.as_dict() for e in report.events], "summary": report.summary()})
+    else:
+        print(report.summary())
+    # Exit 1 only when nothing at all could be read.
+    return 0 if report.readable or not report.events else 1
+
+
+def doc_row(d: dict) -> dict:
+    return {"id": d["id"], "title": d["title"], "path": d["path"], "pages": d["pages"], "tokens": d["tokens"],
+            "status": d["status"], "error": d["error"]}
+
+
+def cmd_docs(ctx: Context) -> int:
+    docs = [doc_row(d) for d in ctx.store.documents()]
+    if ctx.json:
+        ctx.print_json(docs)
+        return 0
+    if not docs:
+        print("No documents yet: `ellm ingest FOLDER` adds some.")
+        return 0
+    print(f"{'id':>4}  {'status':<9} {'pages':>5} {'tokens':>8}  title")
+    for d in docs:
+        print(f"{d['id']:>4}  {d['status']:<9} {d['pages']:>5} {d['tokens']:>8}  {d['title']}")
+        if d["error"]:
+            print(f"{'':>4}  -> {d['error']}")
+    return 0
+
+
+def _ask_targets(ctx: Context) -> list[dict]:
+    """The documents of --doc, --folder or --all (ingested ones; a folder with none is an error)."""
+    a = ctx.args
+    if a.doc:
+        return [ctx.resolve_doc(ref) for ref in a.doc]
+    if a.folder:
+        folder = str(Path(a.folder).expanduser().resolve())
+        docs = [d for d in ctx.store.documents(folder) if d["status"] == "ingested"]
+        if not docs:
+            raise CliError(f"{a.folder}: no ingested documents under this folder; `ellm ingest {a.folder}` first")
+        return docs
+    docs = [d for d in ctx.store.documents() if d["status"] == "ingested"]
+    if not docs:
+        raise CliError("no ingested documents; `ellm ingest FOLDER` first")
+    return docs
+
+
+def cmd_ask(ctx: Context) -> int:
+    from app.qa.answer import AskError
+    from app.qa.across import ask_many
+
+    docs = _ask_targets(ctx)
+    backend = ctx.backend()
+    params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.max_tokens)
+    streaming = not ctx.json
+    if streaming and ctx.args.verbose:
+        err(f"engine {backend.name}, model {ctx.model_path.name}, context {backend.n_ctx} tokens")
+
+    def show(piece: str) -> None:
+        if streaming:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+    try:
+        answer = ask_many(ctx.store, backend, ctx.args.question, [d["id"] for d in docs], params,
+                          model_name=ctx.model_path.name, on_text=show,
+                          progress=lambda what: err(f"ask: {what}"))
+    except (AskError, ValueError) as e:
+        raise CliError(str(e)) from e
+    if ctx.json:
+        ctx.print_json(answer.as_dict())
+        return 0
+    print()
+    if answer.plan.note:
+        print(f"\nNote: {answer.plan.note}")
+    if answer.extra.get("note"):
+        print(f"\nNote: {answer.extra['note']}")
+    titles = {d["id"]: d["title"] for d in docs}
+    if answer.citations:
+        print("\nSources:")
+        for c in answer.citations:
+            print(f"  - {titles.get(c['doc'], c['doc'])}, p. {c['page']}: \"{c['text'][:160]}\"")
+    attended = answer.extra.get("attended") or []
+    if attended:
+        print("\nAttended (where the model looked while answering): " + ", ".join(
+            f"{titles.get(a['doc'], a['doc'])} p. {a['page']} ({a['weight']:.0%})" for a in attended))
+    t = answer.timings
+    print(f"\n[{t['prompt_tokens']} prompt tokens, first token after {t['ttft_s']:.2f} s, "
+          f"{t['decode_tok_s']:.1f} tokens/s, engine {answer.engine}]")
+    return 0
+
+
+def cmd_summarize(ctx: Context) -> int:
+    from app.qa.export import ExportError, export, format_for
+    from app.qa.summarize import SummaryError, summarize
+
+    doc = ctx.resolve_doc(ctx.args.doc)
+    fmt = None
+    if ctx.args.out:
+        try:
+            fmt = format_for(ctx.args.out, ctx.args.format)
+        except ExportError as e:
+            raise CliError(str(e)) from e
+    backend = ctx.backend()
+    params = ctx.sampling(max_tokens=ctx.args.max_tokens)
+
+    def progress(step: int, steps: int, what: str) -> None:
+        if not ctx.json:
+            err(f"[{step}/{steps}] {what}")
+
+    try:
+        s = summarize(ctx.store, backend, doc["id"], params, model_name=ctx.model_path.name, progress=progress)
+    except SummaryError as e:
+        raise CliError(str(e)) from e
+    out = None
+    if ctx.args.out:
+        try:
+            out = export(ctx.args.out, s.title, s.text, fmt, source=doc["path"], method=s.method)
+        except ExportError as e:
+            raise CliError(str(e)) from e
+    if ctx.json:
+        ctx.print_json({**s.as_dict(), "out": str(out) if out else None, "format": fmt})
+    else:
+        print(s.text)
+        if out:
+            err(f"written to {out} ({fmt})")
+    return 0
+
+
+def cmd_models(ctx: Context) -> int:
+    from app.runtime.model_files import list_models
+
+    models = list_models(ctx.paths.models_dir)
+    if ctx.json:
+        ctx.print_json([m.as_dict() for m in models])
+        return 0
+    print(f"Models folder: {ctx.paths.models_dir} (drop .gguf files here)")
+    for m in models:
+        mark = " (default)" if m.default else ""
+        if m.error:
+            print(f"- {m.name}{mark}: unusable: {m.error}")
+            continue
+        print(f"- {m.name}{mark}\n    {m.path}\n    {m.architecture}, {m.parameters / 1e6:.0f}M parameters, "
+              f"{m.quantization}, context {m.context_length}, {m.file_size / 2**20:.1f} MiB")
+    return 0
+
+
+def cmd_complete(ctx: Context) -> int:
+    backend = ctx.backend()
+    from app.engine.backend import stream_text
+
+    params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.n)
+    prompt = backend.tokenize(ctx.args.prompt, add_bos=True, special=False)
+    tokens: list[int] = []
+
+    def collect():
+        for t in backend.generate(prompt, params):
+            tokens.append(t)
+            yield t
+
+    pieces = []
+    for piece in stream_text(backend, collect()):
+        pieces.append(piece)
+        if not ctx.json:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    if ctx.json:
+        ctx.print_json({"text": "".join(pieces), "tokens": tokens, "engine": backend.name,
+                        "timings": backend.stats.as_dict()})
+    else:
+        print()
+    return 0
+
+
+def cmd_doctor(ctx: Context) -> int:
+    from app.library.doctor import format_doctor, run_doctor
+
+    # Paths.resolve, not ctx.paths: checking a data directory must not create one.
+    report = run_doctor(Paths.resolve(getattr(ctx.args, "data_dir", None)), repair=not ctx.args.no_repair)
+    if ctx.json:
+        ctx.print_json(report)
+    else:
+        print(format_doctor(report))
+    return 0 if report["ok"] else 1
+
+
+def cmd_hw(ctx: Context) -> int:
+    from app.runtime.hw_report import format_report, hardware_report
+
+    a = ctx.args
+    root = getattr(a, "sysfs_root", None) or os.environ.get("ELLM_SYSFS_ROOT")
+    if root and not Path(root).is_dir():
+        raise CliError(f"{root}: no such sysfs folder (--sysfs-root / ELLM_SYSFS_ROOT)")
+    s = ctx.session.settings
+    docs = [d["tokens"] for d in ctx.store.documents() if d["status"] == "ingested"]
+    report = hardware_report(sysfs_root=root,
+                             model_path=ctx.model_path, kv=a.kv or s.kv, doc_tokens=docs,
+                             threads=a.threads if a.threads is not None else s.threads,
+                             numa_policy=a.numa or s.numa, probe_bandwidth=not a.no_probe, context=a.context)
+    if ctx.json:
+        ctx.print_json(report)
+    else:
+        print(format_report(report))
+    return 0

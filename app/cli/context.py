@@ -1,0 +1,75 @@
+"""What one ``ellm`` invocation shares: its arguments, the session they open, and errors a
+person can act on."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from app.settings import Paths
+
+
+class CliError(Exception):
+    """An error a person can act on; printed without a traceback, exit status 1."""
+
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+
+    @property
+    def json(self) -> bool:
+        return bool(getattr(self.args, "json", False))
+
+    @cached_property
+    def session(self):
+        from app.session import Session
+
+        a = self.args
+        overrides = {"engine": getattr(a, "engine", None), "model": getattr(a, "model", None),
+                     "n_ctx": getattr(a, "ctx", None), "max_tokens": getattr(a, "max_tokens", None),
+                     "threads": getattr(a, "threads", None), "kv": getattr(a, "kv", None),
+                     "attention": getattr(a, "attention", None)}
+        return Session(Paths.resolve(getattr(a, "data_dir", None)), overrides)
+
+    @property
+    def paths(self) -> Paths:
+        return self.session.paths
+
+    @property
+    def store(self):
+        return self.session.store
+
+    @property
+    def model_path(self) -> Path:
+        return self.session.model_path
+
+    def backend(self):
+        return self.session.backend()
+
+    def print_json(self, obj) -> None:
+        print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+    def sampling(self, greedy: bool = False, max_tokens: int | None = None):
+        return self.session.sampling(greedy, max_tokens)
+
+    def resolve_doc(self, ref: str) -> dict:
+        matches = self.store.find_documents(ref)
+        if not matches:
+            raise CliError(f"no document matches '{ref}'; `ellm docs` lists them (use an id, title or file name)")
+        if len(matches) > 1:
+            listing = "; ".join(f"{d['id']}: {d['title']} ({d['path']})" for d in matches[:8])
+            raise CliError(f"'{ref}' matches {len(matches)} documents, use an id: {listing}")
+        doc = matches[0]
+        if doc["status"] == "failed" and not doc["pages"]:
+            raise CliError(f"{doc['path']}: this document failed to ingest: {doc['error']}")
+        return doc
+
+
+
+def err(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)

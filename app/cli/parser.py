@@ -1,0 +1,147 @@
+"""The ``ellm`` command line: subcommands, options and their help. Global options are accepted
+before or after the subcommand."""
+from __future__ import annotations
+
+import argparse
+
+from app import __version__
+from app.cli.bench_commands import cmd_bench, cmd_kv_probe
+from app.cli.commands import (cmd_ask, cmd_complete, cmd_docs, cmd_doctor, cmd_gui, cmd_hw, cmd_ingest, cmd_models,
+                              cmd_summarize)
+from app.settings import ATTENTION, ENGINES, KV_SETTINGS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Global options are accepted before or after the subcommand.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="where the store, models folder and caches live (env ELLM_DATA_DIR)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output")
+    common.add_argument("--sysfs-root", default=argparse.SUPPRESS, metavar="DIR",
+                        help="read the CPU topology from another sysfs tree (env ELLM_SYSFS_ROOT)")
+
+    def engine_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engine", choices=ENGINES, default=None, help="inference engine (default: settings, auto)")
+        p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+        p.add_argument("--ctx", type=int, default=None, metavar="N", help="context length in tokens")
+        p.add_argument("--threads", type=int, default=None, metavar="N", help="threads (default: physical cores)")
+
+    def kv_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--kv", choices=KV_SETTINGS, default=None,
+                       help="KV cache precision for this call (default: settings, f16)")
+        p.add_argument("--attention", choices=ATTENTION, default=None,
+                       help="attention for this call (default: settings, dense); llama.cpp is always dense")
+
+    parser = argparse.ArgumentParser(prog="ellm", parents=[common],
+                                     description="Ask questions about whole documents with a local LLM.")
+    parser.add_argument("--version", action="version", version=f"ellm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("gui", parents=[common], help="the desktop window (default)")
+    p.add_argument("--screenshot", metavar="FILE", help="render the main window to a PNG and exit")
+    p.set_defaults(func=cmd_gui)
+
+    p = sub.add_parser("ingest", parents=[common], help="add files and folders to the library")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--model", default=None, help="model whose tokenizer counts tokens")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("docs", parents=[common], help="list the documents")
+    p.set_defaults(func=cmd_docs)
+
+    p = sub.add_parser("ask", parents=[common], help="ask a question about a document")
+    p.add_argument("question")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--doc", action="append", metavar="ID_OR_TITLE_OR_FILENAME",
+                        help="the document (repeat for several)")
+    target.add_argument("--folder", metavar="PATH", help="every ingested document under this folder")
+    target.add_argument("--all", action="store_true", help="every ingested document")
+    engine_opts(p)
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
+    kv_opts(p)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("summarize", parents=[common], help="summarize a whole document and export it")
+    p.add_argument("doc", metavar="DOC")
+    p.add_argument("--out", metavar="FILE")
+    p.add_argument("--format", choices=("md", "pdf", "docx"), default=None,
+                   help="export format (default: from the file's suffix)")
+    engine_opts(p)
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    p.set_defaults(func=cmd_summarize)
+
+    p = sub.add_parser("models", parents=[common], help="list the models")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("complete", parents=[common], help="raw completion of a prompt (no chat template)")
+    p.add_argument("prompt")
+    engine_opts(p)
+    p.add_argument("-n", type=int, default=64, metavar="N", help="tokens to generate")
+    p.add_argument("--greedy", action="store_true")
+    kv_opts(p)
+    p.set_defaults(func=cmd_complete)
+
+    p = sub.add_parser("hw", parents=[common], help="CPU topology, thread plan, bandwidth and KV budget")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="threads to plan (0: physical cores)")
+    p.add_argument("--numa", choices=("distribute", "isolate", "none"), default=None, help="NUMA policy")
+    p.add_argument("--kv", default=None, help="KV cache precision for the calculator (f16, k8v8, k8v4, k4v4)")
+    p.add_argument("--context", type=int, default=None, metavar="N", help="context length to check against free RAM")
+    p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+    p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe")
+    p.set_defaults(func=cmd_hw)
+
+    p = sub.add_parser("doctor", parents=[common], help="check the data directory and repair what is safe to repair")
+    p.add_argument("--no-repair", action="store_true", help="only check and report; change nothing")
+    p.set_defaults(func=cmd_doctor)
+
+    # bench has its own --json FILE, so it takes only --data-dir from the common options.
+    data_only = argparse.ArgumentParser(add_help=False)
+    data_only.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR")
+    p = sub.add_parser("bench", parents=[data_only],
+                       help="prefill/decode speed of both engines side by side; --passkey: long-context retrieval")
+    p.add_argument("--engines", default=None,
+                   help="comma-separated: ellm,llamacpp (default: both; with --passkey, ellm)")
+    p.add_argument("--contexts", default=None,
+                   help="comma-separated context lengths in tokens (default: 512; with --passkey, 4096)")
+    p.add_argument("--kv", dest="kv_list", default="f16", metavar="SPEC[,SPEC...]",
+                   help="KV cache formats: f16, k8v8, k8v4, k4v4 (llama.cpp: f16 always, plus those asked)")
+    p.add_argument("--attention", dest="attention_list", default=None, metavar="dense,sparse",
+                   help="attention modes of eLLM, llama.cpp is always dense (default: dense; with --passkey, both)")
+    p.add_argument("--sinks", type=int, default=None, metavar="S", help="sparse: first tokens always attended")
+    p.add_argument("--window", type=int, default=None, metavar="W", help="sparse: last tokens always attended")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sparse: blocks retrieved per KV head")
+    p.add_argument("--dense-layers", type=int, default=None, metavar="N",
+                   help="sparse: leading layers that attend densely")
+    p.add_argument("--reselect", type=int, default=None, metavar="N",
+                   help="sparse: choose blocks every N tokens (when not chosen by the prompt's end)")
+    p.add_argument("--observe", type=int, default=None, metavar="N",
+                   help="sparse: the prompt's last N tokens choose the blocks decoding reads (0: key bounds)")
+    p.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
+    p.add_argument("--pin", default="on", help="ellm threads pinned one per CPU: on, off, or on,off to compare")
+    p.add_argument("--passkey", action="store_true",
+                   help="pass key retrieval accuracy instead of speed (a number hidden in long prose)")
+    p.add_argument("--trials", type=int, default=5, metavar="N",
+                   help="--passkey: trials per context and mode; --needle-folder: trials")
+    p.add_argument("--needle-folder", type=int, default=0, metavar="N",
+                   help="one fact planted in one of N filler documents, asked across all of them")
+    p.add_argument("--tokens", type=int, default=200_000, metavar="T",
+                   help="--needle-folder: tokens of all the documents together")
+    p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+    p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--json", dest="json_file", metavar="FILE", help="write the results as JSON to FILE")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG chart to FILE")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("kv-probe", parents=[common],
+                       help="how much a smaller KV cache changes the model's predictions on a document")
+    p.add_argument("--doc", required=True, metavar="ID_OR_TITLE_OR_FILENAME", help="the document")
+    p.add_argument("--kv", dest="probe_kv", required=True, metavar="SPEC",
+                   help="KV format compared with f16: k8v8, k8v4, k4v4 (or f16)")
+    p.add_argument("--tokens", type=int, default=None, metavar="N",
+                   help="probe the document's first N tokens (default 4096)")
+    p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
+    p.set_defaults(func=cmd_kv_probe)
+    return parser

@@ -1,0 +1,75 @@
+"""The prompt of a question: the chat template around the documents' pages and the question.
+
+The part before the question (system prompt, the opening of the user turn, the pages) does
+not depend on the question, so its KV cache is computed once per document (qa/doc_cache.py);
+it is padded with blank lines to whole KV blocks, so that several documents' caches can sit
+side by side (qa/across.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SYSTEM_PROMPT = (
+    "You are eLLM, an assistant that answers questions about the documents given to you. "
+    "Answer from the documents only, clearly and briefly. After each fact, cite the page it comes "
+    "from as [p. N]. If the documents do not contain the answer, say so."
+)
+
+
+def build_messages(question: str, context_text: str) -> list[dict]:
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"{context_text}{QUESTION_LEAD}{question}"},
+    ]
+
+
+QUESTION_LEAD = "\n\nQuestion: "
+_DOCS = "\u27e6documents\u27e7"
+_SLOT = "\u27e6question\u27e7"
+
+
+@dataclass
+class Prompt:
+    """A question's prompt in three parts. ``header`` (system prompt and the opening of the
+    user turn) and ``doc`` (the pages) do not depend on the question: their KV cache is
+    computed once per document (app/qa/doc_cache.py). Both are padded with blank lines to whole
+    KV blocks, so that several documents' caches can sit side by side (app/qa/across.py)."""
+
+    header: list[int]
+    doc: list[int]
+    suffix: list[int]
+    header_text: str
+    doc_text: str
+
+    @property
+    def prefix(self) -> list[int]:
+        return self.header + self.doc
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.header + self.doc + self.suffix
+
+    @property
+    def prefix_text(self) -> str:
+        return self.header_text + self.doc_text
+
+
+def _padded(backend, tokens: list[int], text: str) -> tuple[list[int], str]:
+    multiple = getattr(backend, "prefix_multiple", 1)
+    if len(tokens) % multiple == 0:
+        return tokens, text
+    newline = backend.tokenize("\n", add_bos=False, special=False)[-1:]
+    n_pad = multiple - len(tokens) % multiple
+    return tokens + newline * n_pad, text + backend.token_bytes(newline[0]).decode("utf-8", "replace") * n_pad
+
+
+def build_prompt(backend, question: str, context_text: str) -> Prompt:
+    """The prompt of ``question`` about ``context_text`` (pages with markers). The pages are
+    tokenized without special tokens: a document cannot smuggle in chat markup."""
+    rendered = backend.apply_chat_template(build_messages(_SLOT, _DOCS))
+    cut = rendered.index(_DOCS)
+    header_text, rest = rendered[:cut], rendered[cut + len(_DOCS):]
+    header, header_text = _padded(backend, backend.tokenize(header_text, add_bos=True, special=True), header_text)
+    doc, doc_text = _padded(backend, backend.tokenize(context_text, add_bos=False, special=False), context_text)
+    suffix = backend.tokenize(rest.replace(_SLOT, question), add_bos=False, special=True)
+    return Prompt(header, doc, suffix, header_text, doc_text)
