@@ -45,13 +45,13 @@ class Session:
             raise SessionError(str(e)) from e
 
     def backend(self):
-        from app.runtime.engines import EngineUnavailable, open_backend
+        from app.runtime.engines import open_backend
 
         s = self.settings
         path = self.model_path
         try:
             return open_backend(s.engine, path, s.n_ctx, s.threads, s.numa, kv=s.kv, attention=s.attention)
-        except (ModelError, EngineUnavailable) as e:
+        except ModelError as e:
             raise SessionError(str(e)) from e
         except ValueError as e:
             raise SessionError(f"{path}: cannot load the model ({e})") from e

@@ -9,10 +9,13 @@ import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-ENGINES = ("auto", "ellm", "llamacpp")
-KV_SETTINGS = ("f16", "k8v8", "k8v4", "k4v4")  # as app.engine.kvformat.KV_NAMES
-ATTENTION = ("dense", "sparse")
-NUMA_POLICIES = ("distribute", "isolate", "none")  # as app.engine.threads.NUMA_POLICIES
+# The choices are the engine's own lists (light modules: nothing of numba loads here).
+from app.engine.attention.config import MODES as ATTENTION
+from app.engine.cpu.plan import NUMA_POLICIES
+from app.engine.kv.formats import KV_NAMES as KV_SETTINGS
+from app.runtime.engines import ENGINES
+
+__all__ = ["ATTENTION", "ENGINES", "KV_SETTINGS", "NUMA_POLICIES", "Paths", "Settings", "default_data_dir"]
 
 
 def default_data_dir() -> Path:

@@ -26,6 +26,26 @@ TREATY_PAGES = [
 ]
 
 
+# ---- The quick inner loop: `pytest -m "not slow"` -------------------------------------------
+# End-to-end checks run the default model (or llama.cpp) and take most of the suite's time:
+# they are marked slow. CI runs everything.
+SLOW_MODULES = {
+    "tests/cli/test_ask.py", "tests/cli/test_bench.py", "tests/cli/test_bench_kv.py", "tests/cli/test_doc_cache.py",
+    "tests/cli/test_folder_ask.py", "tests/cli/test_kv_probe.py", "tests/cli/test_passkey.py",
+    "tests/reliability/test_concurrency.py", "tests/reliability/test_crash.py", "tests/reliability/test_privacy.py",
+    "tests/reliability/test_hostile_corpus.py", "tests/ui/test_flow.py", "tests/ui/test_settings_kv.py",
+}
+SLOW_FIXTURES = {"smollm2", "smollm2_vocab", "llama_cpp", "ggml_mul_mat", "reference"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        if module in SLOW_MODULES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def data_dir(tmp_path) -> Path:
     d = tmp_path / "data"

@@ -13,6 +13,7 @@ from app.engine.cpu.bandwidth import (
     probe_read_bandwidth,
 )
 from app.engine.kv import sizes as kv_sizes
+from app.engine.model.gguf_file import scan_gguf
 from app.runtime.hw_report import format_report, hardware_report
 from tests.engine.fake_sysfs import (
     XEON,
@@ -196,13 +197,28 @@ def test_kv_report_section(tmp_path, smollm2):
     assert kv["recommended_context"] == 23040   # see test_recommended_context_percentile_math
 
 
-def test_gguf_scalar_reader_agrees_with_gguf_py(smollm2):
+def test_the_gguf_header_reader_agrees_with_gguf_py(smollm2):
+    """The one header reader (model/gguf_file.py) against gguf-py's full reader: every scalar
+    and string, short numeric arrays as tuples (long ones and string arrays are skipped), and
+    every tensor's name, type, dims and size."""
     from gguf import GGUFReader
 
-    fields = GGUFReader(str(smollm2)).fields
-    expected = {k: f.contents() for k, f in fields.items()
-                if not k.startswith("GGUF.") and not isinstance(f.contents(), list)}
-    assert kv_sizes.read_gguf_scalars(smollm2) == expected
+    reader = GGUFReader(str(smollm2))
+    layout = scan_gguf(smollm2)
+    seen = 0
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        value = f.contents()
+        if isinstance(value, list):
+            small_numbers = len(value) <= 4096 and not any(isinstance(v, str) for v in value)
+            assert layout.metadata[key] == (tuple(value) if small_numbers else None), key
+        else:
+            assert layout.metadata[key] == value, key
+            seen += 1
+    assert seen > 10 and len(layout.metadata) == len([k for k in reader.fields if not k.startswith("GGUF.")])
+    assert [(t.name, t.type_name, t.dims, t.nbytes) for t in layout.tensors] == [
+        (t.name, t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.n_bytes)) for t in reader.tensors]
 
 
 def test_gguf_reader_refuses_other_files(tmp_path):

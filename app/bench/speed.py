@@ -3,7 +3,7 @@
 For each engine, KV format, attention mode and context length: prefill tokens/s, decode
 tokens/s (median of the per-step times), the bytes read per decoded token (weights, KV cache,
 metadata) and the achieved GB/s, beside the machine's measured read bandwidth. Decode speed on
-a CPU is bandwidth / bytes moved per token (DESIGN.md), so the bytes column says where the
+a CPU is bandwidth / bytes moved per token (docs/ARCHITECTURE.md), so the bytes column says where the
 time goes. llama.cpp with its f16 cache and dense attention is the baseline every other
 result is divided by, per context.
 
@@ -12,19 +12,18 @@ probe of one document (``ellm kv-probe``).
 """
 from __future__ import annotations
 
-import math
 import platform
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.runtime.engines import LLAMACPP_KV_TYPES
 from app.engine.backend import SamplingParams
+from app.engine.kv.sizes import LLAMACPP_KV_TYPES, KVShape
+from app.engine.model.gguf_file import scan_gguf
 
 if TYPE_CHECKING:
     from app.engine.attention.config import SparseConfig
@@ -104,56 +103,6 @@ class BenchResult:
                 "kv_bytes_per_token": self.kv_bytes_per_token, "sparse": self.sparse, "notes": self.notes}
 
 
-# ---- Bytes per token ------------------------------------------------------------
-
-
-def model_bytes(model_path: Path) -> dict:
-    """Weight bytes one decode step reads: every 2-D weight once, except the token
-    embedding, of which one row is read — unless the output reuses it (tied)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(model_path, "r")
-    names = {t.name for t in reader.tensors}
-    total = 0
-    for t in reader.tensors:
-        if t.name == "token_embd.weight":
-            rows = int(t.shape[-1])
-            total += int(t.n_bytes) // rows  # one row
-            if "output.weight" not in names:
-                total += int(t.n_bytes)  # tied output matrix
-        else:
-            total += int(t.n_bytes)
-    return {"weights": total}
-
-
-def kv_bytes_per_token(model_path: Path, kv: str) -> int:
-    """KV bytes each cached token adds (the engine's KV calculator, from GGUF metadata)."""
-    from app.engine.kv.sizes import KVShape
-    from app.engine.kv.sizes import kv_bytes_per_token as per_token
-
-    return per_token(KVShape.from_gguf(model_path), kv)
-
-
-def llamacpp_kv_bytes_per_token(model_path: Path, kv: str) -> int:
-    """KV bytes llama.cpp's cache stores per token for a KV setting: f16 as the calculator
-    counts it; q8_0 / q4_0 as ggml lays them out (34 / 18 bytes per 32 elements)."""
-    if kv == "f16":
-        return kv_bytes_per_token(model_path, "f16")
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    from app.engine.kv.sizes import KVShape
-
-    shape = KVShape.from_gguf(model_path)
-
-    def row(n: int, type_id: int) -> float:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
-        return n / block * size
-
-    type_k, type_v = LLAMACPP_KV_TYPES[kv]
-    per_head = row(shape.key_length, type_k) + row(shape.value_length, type_v)
-    return math.ceil(shape.n_layers * shape.n_kv_heads * per_head)
-
-
 def read_bandwidth_gb_s() -> float:
     """The machine's multi-threaded read bandwidth (best of the engine's probe)."""
     from app.engine.cpu.bandwidth import probe_read_bandwidth
@@ -210,16 +159,12 @@ def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bo
         if kv not in LLAMACPP_KV_TYPES:
             raise ValueError(f"llama.cpp has no KV cache type for {kv!r} "
                              f"(it has {', '.join(LLAMACPP_KV_TYPES)})")
-        type_k, type_v = LLAMACPP_KV_TYPES[kv]
         if kv != "f16":
-            from app.engine.kv.sizes import KVShape
-
             shape = KVShape.from_gguf(model_path)
             if shape.key_length % 32 or shape.value_length % 32:
                 raise ValueError(f"{Path(model_path).name}: llama.cpp's q8_0/q4_0 KV cache needs head sizes that "
                                  f"are multiples of 32, this model's are {shape.key_length}/{shape.value_length}")
-        extra = {} if kv == "f16" else {"type_k": type_k, "type_v": type_v, "flash_attn": True}
-        return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, **extra)
+        return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, kv=kv)
     from app.engine.ellm_backend import EllmBackend
 
     return EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, pin=pin, kv=kv, attention=attention)
@@ -237,7 +182,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     from app.engine.attention.config import SparseConfig
 
     threads = cfg.threads or default_threads()
-    weights = model_bytes(cfg.model_path)["weights"]
+    weights = scan_gguf(cfg.model_path).weight_bytes_per_token()
     sparse = cfg.sparse or SparseConfig()
     sparse_opts = sparse.options()
     bandwidth = read_bandwidth_gb_s()
@@ -263,13 +208,8 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                 progress(f"{run.label}: {context} tokens of context")
             salt += 1
             prefill, decode, steps = measure(backend, context, cfg.decode_steps, salt)
-            if run.engine == "ellm":
-                # The cache's cost at this context, as the engine counted it after the prefill.
-                stats = {**backend.kv_stats(), **backend.stats.extra}
-                stored, kv_read = stats["kv_bytes_per_token"], stats["kv_read_bytes_per_token"]
-            else:
-                stored = llamacpp_kv_bytes_per_token(cfg.model_path, run.kv)
-                kv_read = stored * context
+            # The cache's cost at this context, as the engine counted it after the prefill.
+            stored, kv_read = backend.stats.kv_bytes_per_token, backend.stats.kv_read_bytes_per_token
             bpt = {"weights": weights, "kv": kv_read, "metadata": 0, "total": weights + kv_read}
             results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
                                        bpt["total"] * decode / 1e9, steps, run.pinned, stored,
@@ -366,70 +306,4 @@ def _label(r: dict) -> str:
 
 # ---- KV quality probe of a document (ellm kv-probe, the settings dialog) ---------------------
 
-PROBE_TOKENS = 4096     # default: the first this many tokens of the document
 
-
-class ProbeError(Exception):
-    """What a person can fix: the document, the model, the KV setting; the message says which."""
-
-
-def document_text(store, doc_id: int) -> str:
-    """The document's pages, in order, as one text."""
-    return "\n\n".join(p["text"] for p in store.pages(doc_id))
-
-
-def probe_tokens(tokenizer, text: str, limit: int) -> list[int]:
-    """The first ``limit`` tokens of ``text`` (BOS as the model wants it), tokenizing only
-    as much text as that needs: a long document costs no more than a short one."""
-    chars = limit * 8
-    while True:
-        tokens = tokenizer.encode(text[:chars], add_bos=True, special=False)
-        if len(tokens) > limit or chars >= len(text):
-            return tokens[:limit]
-        chars *= 2
-
-
-def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PROBE_TOKENS, threads: int = 0,
-                   numa: str = "distribute", progress: Callable[[int, int], None] | None = None,
-                   cancel: Callable[[], bool] | None = None):
-    """Run the KV probe (app/engine/kv/probe.py) of ``kv`` against f16 on the first ``limit``
-    tokens of ``doc`` (a store row) with the model at ``model_path``. Returns its
-    ProbeResult, or None if cancelled; raises ProbeError saying what to change."""
-    from app.runtime.engines import ELLM_ARCHITECTURES, thread_plan
-    from app.runtime.model_files import ModelError, scan_gguf
-
-    if limit < 2:
-        raise ProbeError(f"the KV probe needs at least 2 tokens, not {limit}")
-    from app.engine.kv.formats import KVSpec
-
-    try:
-        spec = KVSpec.parse(kv)
-    except ValueError as e:
-        raise ProbeError(str(e)) from e
-    try:
-        arch = scan_gguf(model_path).architecture
-    except ModelError as e:
-        raise ProbeError(str(e)) from e
-    if arch not in ELLM_ARCHITECTURES:
-        raise ProbeError(f"{model_path.name}: the KV probe runs on eLLM's own engine, which implements "
-                         f"{' and '.join(ELLM_ARCHITECTURES)} models, not '{arch}'; choose such a model")
-    text = document_text(store, doc["id"])
-    if not text.strip():
-        raise ProbeError(f"{doc['path']}: the document has no text to probe")
-    from app.engine.cpu.pinning import apply
-    from app.engine.kv.probe import probe
-    from app.engine.model.tokenizer import Tokenizer
-    from app.engine.model.transformer import Model
-
-    try:
-        apply(thread_plan(threads, numa))
-    except (OSError, ValueError):   # no readable /sys: numba's own thread count
-        pass
-    try:
-        model = Model(model_path)
-    except ValueError as e:   # UnsupportedModelError names the file and the problem
-        raise ProbeError(str(e)) from e
-    tokens = probe_tokens(Tokenizer.from_gguf(model.reader), text, limit)
-    if len(tokens) < 2:
-        raise ProbeError(f"{doc['path']}: the document has fewer than 2 tokens; nothing to probe")
-    return probe(model, tokens, spec, progress=progress, cancel=cancel)

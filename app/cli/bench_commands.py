@@ -141,7 +141,7 @@ def sparse_config(a):
 
 
 def cmd_kv_probe(ctx: Context) -> int:
-    from app.bench.speed import PROBE_TOKENS, ProbeError, probe_document
+    from app.runtime.kv_probe import PROBE_TOKENS, ProbeError, probe_document
 
     a = ctx.args
     limit = PROBE_TOKENS if a.tokens is None else a.tokens

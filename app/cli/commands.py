@@ -55,28 +55,27 @@ def cmd_docs(ctx: Context) -> int:
     return 0
 
 
-def _ask_targets(ctx: Context) -> list[dict]:
-    """The documents of --doc, --folder or --all (ingested ones; a folder with none is an error)."""
+def ask_target(ctx: Context):
+    """What --doc, --folder or --all ask about, by the resolver the window uses (qa/targets.py)."""
+    from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve
+
     a = ctx.args
+    docs = ctx.store.documents()
     if a.doc:
-        return [ctx.resolve_doc(ref) for ref in a.doc]
-    if a.folder:
-        folder = str(Path(a.folder).expanduser().resolve())
-        docs = [d for d in ctx.store.documents(folder) if d["status"] == "ingested"]
-        if not docs:
-            raise CliError(f"{a.folder}: no ingested documents under this folder; `ellm ingest {a.folder}` first")
-        return docs
-    docs = [d for d in ctx.store.documents() if d["status"] == "ingested"]
-    if not docs:
-        raise CliError("no ingested documents; `ellm ingest FOLDER` first")
-    return docs
+        target = resolve(SELECTED, docs, [ctx.resolve_doc(ref)["id"] for ref in a.doc])
+    elif a.folder:
+        target = resolve(FOLDER, docs, [], chosen_folder=str(Path(a.folder).expanduser().resolve()))
+    else:
+        target = resolve(EVERYTHING, docs, [])
+    if not target.doc_ids:
+        raise CliError(target.problem)
+    return target
 
 
 def cmd_ask(ctx: Context) -> int:
-    from app.qa.answer import AskError
-    from app.qa.across import ask_many
+    from app.qa.answer import AskError, answer
 
-    docs = _ask_targets(ctx)
+    target = ask_target(ctx)
     backend = ctx.backend()
     params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.max_tokens)
     streaming = not ctx.json
@@ -89,31 +88,28 @@ def cmd_ask(ctx: Context) -> int:
             sys.stdout.flush()
 
     try:
-        answer = ask_many(ctx.store, backend, ctx.args.question, [d["id"] for d in docs], params,
-                          model_name=ctx.model_path.name, on_text=show,
-                          progress=lambda what: err(f"ask: {what}"))
+        result = answer(ctx.store, backend, ctx.args.question, list(target.doc_ids), params,
+                        model_name=ctx.model_path.name, on_text=show, progress=lambda what: err(f"ask: {what}"))
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     if ctx.json:
-        ctx.print_json(answer.as_dict())
+        ctx.print_json(result.as_dict())
         return 0
     print()
-    if answer.plan.note:
-        print(f"\nNote: {answer.plan.note}")
-    if answer.extra.get("note"):
-        print(f"\nNote: {answer.extra['note']}")
-    titles = {d["id"]: d["title"] for d in docs}
-    if answer.citations:
+    for note in (result.plan.note, result.note):
+        if note:
+            print(f"\nNote: {note}")
+    titles = {d["id"]: d["title"] for d in ctx.store.documents()}
+    if result.citations:
         print("\nSources:")
-        for c in answer.citations:
+        for c in result.citations:
             print(f"  - {titles.get(c['doc'], c['doc'])}, p. {c['page']}: \"{c['text'][:160]}\"")
-    attended = answer.extra.get("attended") or []
-    if attended:
+    if result.attended:
         print("\nAttended (where the model looked while answering): " + ", ".join(
-            f"{titles.get(a['doc'], a['doc'])} p. {a['page']} ({a['weight']:.0%})" for a in attended))
-    t = answer.timings
+            f"{titles.get(x['doc'], x['doc'])} p. {x['page']} ({x['weight']:.0%})" for x in result.attended))
+    t = result.timings
     print(f"\n[{t['prompt_tokens']} prompt tokens, first token after {t['ttft_s']:.2f} s, "
-          f"{t['decode_tok_s']:.1f} tokens/s, engine {answer.engine}]")
+          f"{t['decode_tok_s']:.1f} tokens/s, engine {result.engine}]")
     return 0
 
 

@@ -1,13 +1,18 @@
 """The protocol every inference backend implements, and what they share.
 
-Two backends exist: ``ellm`` (our engine, app/engine) and ``llamacpp``
-(llama-cpp-python, dense attention). The services (ask, summarize, complete,
-bench) only talk to this protocol, so a backend can be swapped per call.
+Two backends exist: ``ellm`` (our engine, app/engine) and ``llamacpp`` (llama-cpp-python,
+dense attention). The services (questions, summaries, completion, benchmarks) only talk to
+this protocol, so a backend can be swapped per call. Beyond generating, a backend keeps
+document prefixes in its KV cache (the prefix-cache part of the protocol): it may persist a
+prefix's cache in a file and load it again, lay several prefixes' caches side by side for one
+question across documents, and report which blocks an answer attended to. What a backend can
+do is stated in its ``capabilities``; a service asks them, never ``hasattr``.
 """
 from __future__ import annotations
 
 import codecs
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
 # ---- Configuration ---------------------------------------------------------
@@ -39,14 +44,24 @@ class SamplingParams:
 
 @dataclass
 class GenerationStats:
-    """Timings of the last generation, filled by the backend as it runs."""
+    """Timings and costs of the last generation, filled by the backend as it runs.
+
+    The cost fields are what one decode step reads (DESIGN: performance is counted in bytes):
+    the weights it streams and the KV bytes it reads at this context, as the engine counts
+    them (sparse attention reads only the blocks it attends). The window's live GB/s is
+    ``read_gb_s``, not a guess from the text stream."""
 
     prompt_tokens: int = 0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
-    extra: dict = field(default_factory=dict)
+    reused_prompt_tokens: int = 0        # prompt tokens the cache already held
+    weight_bytes_per_token: int = 0      # weight bytes one decode step streams
+    kv: str = ""                         # the KV format ("f16", "k8v4", ...)
+    attention: str = ""                  # "dense" | "sparse"
+    kv_bytes_per_token: int = 0          # KV bytes stored per token
+    kv_read_bytes_per_token: int = 0     # KV bytes one decode step reads at this context
 
     @property
     def prefill_tok_s(self) -> float:
@@ -58,6 +73,15 @@ class GenerationStats:
         n = self.decode_tokens - 1
         return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
 
+    @property
+    def bytes_per_decode_token(self) -> int:
+        return self.weight_bytes_per_token + self.kv_read_bytes_per_token
+
+    @property
+    def read_gb_s(self) -> float:
+        """Memory read per second while decoding (0 until two tokens are out)."""
+        return self.decode_tok_s * self.bytes_per_decode_token / 1e9
+
     def as_dict(self) -> dict:
         d = {
             "prompt_tokens": self.prompt_tokens,
@@ -67,9 +91,60 @@ class GenerationStats:
             "decode_tokens": self.decode_tokens,
             "decode_s": round(self.decode_s, 4),
             "decode_tok_s": round(self.decode_tok_s, 2),
+            "reused_prompt_tokens": self.reused_prompt_tokens,
         }
-        d.update(self.extra)
+        if self.kv:
+            d.update(kv=self.kv, attention=self.attention, kv_bytes_per_token=self.kv_bytes_per_token,
+                     kv_read_bytes_per_token=self.kv_read_bytes_per_token,
+                     weight_bytes_per_token=self.weight_bytes_per_token)
         return d
+
+
+# ---- Document prefixes -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend does with document prefixes besides holding the last one in memory."""
+
+    prefix_files: bool = False     # persists a prefix's KV cache in a file and loads it again
+    composes: bool = False         # lays several prefixes' caches side by side in one context
+    attended_blocks: bool = False  # reports the blocks an answer attended to (citations)
+
+
+@dataclass(frozen=True)
+class CacheFile:
+    """A persisted prefix cache: where it lives, what it must have been made with, and whether
+    the caller believes it exists (registered and on disk) or wants it written."""
+
+    path: Path
+    meta: dict
+    exists: bool = False
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """What ``ensure_prefix`` did: ``status`` "hit" (the cache already held the prefix, in memory
+    or from its file) or "miss" (computed now); ``source`` "memory" | "file" | "computed" |
+    "deferred" (a backend without prefix caching prefills it with the question);
+    ``saved_bytes``: the size of the file written on a miss (0: none); ``rejected``: why an
+    existing file was not used (corrupt, other settings, other tokens) — it is overwritten;
+    ``save_error``: why the file could not be written (a full disk does not fail a question)."""
+
+    status: str
+    source: str
+    saved_bytes: int = 0
+    rejected: str = ""
+    save_error: str = ""
+
+
+class CacheFileError(ValueError):
+    """A persisted KV cache that cannot be used (the message names the file and the problem;
+    ``path`` is the file, where known)."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
 
 
 # ---- Protocol --------------------------------------------------------------
@@ -77,8 +152,11 @@ class GenerationStats:
 
 class Backend(Protocol):
     name: str
+    model_path: str
     n_ctx: int  # tokens the backend holds: prompt + generated
     stats: GenerationStats
+    capabilities: Capabilities
+    prefix_multiple: int  # document prefixes are padded to a multiple of this many tokens
 
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]: ...
 
@@ -93,6 +171,35 @@ class Backend(Protocol):
     def generate(self, prompt: Sequence[int], params: SamplingParams,
                  cancel: Callable[[], bool] | None = None) -> Iterator[int]:
         """Prefill ``prompt`` then yield generated token ids until EOS, max_tokens or cancel."""
+        ...
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one cached token occupies in this backend's cache."""
+        ...
+
+    def cache_signature(self) -> dict:
+        """What a persisted prefix depends on besides the model and the tokens."""
+        ...
+
+    def ensure_prefix(self, tokens: Sequence[int], file: CacheFile | None = None,
+                      cancel: Callable[[], bool] | None = None) -> Prefix | None:
+        """Make the cache hold exactly ``tokens`` (a document prefix), from memory, from
+        ``file`` when it exists, or computed (then written to ``file``); None if cancelled."""
+        ...
+
+    def compose(self, files: Sequence[CacheFile], skip: int, room: int) -> list[int]:
+        """Lay the prefixes of ``files`` one after another in the cache, the first whole and each
+        other less its first ``skip`` tokens (a header they share), with ``room`` tokens to spare
+        after them. Returns the first token of each. Raises CacheFileError naming a bad file."""
+        ...
+
+    def cached_tokens(self, start: int = 0, end: int | None = None) -> list[int]:
+        """The token ids the cache holds at positions [start, end)."""
+        ...
+
+    def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
+        """(first token, end token, share of the mass) of the blocks the last answer attended
+        to most, largest first; empty when the backend does not report them."""
         ...
 
     def close(self) -> None: ...

@@ -1,6 +1,7 @@
 """The ``ellm`` backend: our engine (app/engine) behind the Backend protocol of backend.py."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -8,10 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from .attention.config import SparseConfig
-from .backend import GenerationStats, SamplingParams
+from .attention.state import AttentionState
+from .backend import CacheFile, CacheFileError, Capabilities, GenerationStats, Prefix, SamplingParams
 from .generate import PREFILL_CHUNK, generate_tokens, prefill, prefill_reusing_prefix
-from .kv.blocked import BlockKVCache
-from .kv.formats import KVSpec, dense_f16_bytes_per_token
+from .kv import files as kv_files
+from .kv.formats import KVSpec
+from .kv.sizes import KVShape, kv_bytes_per_token, kv_read_bytes_per_token
 from .model.chat import render_chat
 from .model.tokenizer import Tokenizer
 from .model.transformer import Model
@@ -42,11 +45,16 @@ class EllmBackend:
         self.n_ctx = int(n_ctx or self.model.config.context_length)
         self.kv_spec = KVSpec.parse(kv)
         self.attention = attention if isinstance(attention, SparseConfig) else SparseConfig(mode=attention)
-        blocked = self.kv_spec.name != "f16" or self.attention.mode != "dense"
-        self.cache = (self.model.new_cache(self.n_ctx, self.kv_spec, self.attention) if blocked
-                      else self.model.new_cache(self.n_ctx))
+        self.blocked = self.kv_spec.name != "f16" or self.attention.mode != "dense"
+        self.cache = self.model.new_cache(self.n_ctx, self.kv_spec if self.blocked else None)
+        # How the current question reads the blocked cache (votes, selections, attention mass).
+        self.state = AttentionState(self.attention) if self.blocked else None
+        self.capabilities = Capabilities(prefix_files=self.blocked, composes=self.blocked,
+                                         attended_blocks=self.blocked)
+        self.prefix_multiple = self.kv_spec.block if self.blocked else 1
         self.prefill_chunk = prefill_chunk
         self.stats = GenerationStats()
+        self._shape = KVShape.from_config(self.model.config)
         field = self.model.reader.get_field("tokenizer.chat_template")
         self._template = field.contents() if field is not None else None
         self._bos_text = self._special_text(self.tokenizer.bos_id)
@@ -55,7 +63,7 @@ class EllmBackend:
     def _special_text(self, token: int | None) -> str:
         return "" if token is None else self.tokenizer.token_bytes(token).decode("utf-8", "replace")
 
-    # ---- Protocol ---------------------------------------------------------------------
+    # ---- Protocol: text and generation -------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_bos=add_bos, special=special)
@@ -93,18 +101,18 @@ class EllmBackend:
         t0 = time.perf_counter()
         if self.blocked:
             self._observe(prompt)
-        logits, reused = prefill_reusing_prefix(self.model, self.cache, prompt, self.prefill_chunk, cancel)
+        logits, reused = prefill_reusing_prefix(self.model, self.cache, prompt, self.prefill_chunk, cancel,
+                                                state=self.state)
         stats.prefill_s = time.perf_counter() - t0
-        stats.extra["reused_prompt_tokens"] = reused
-        stats.extra["weight_bytes_per_token"] = self.model.weight_bytes
-        stats.extra.update(self.kv_stats())
+        stats.reused_prompt_tokens = reused
+        self._fill_costs(stats)
         if logits is None:  # cancelled during prefill
             return
         if self.blocked:
-            self.cache.reset_mass()   # attention mass of this answer only
-        stop_ids = set() if getattr(params, "ignore_eos", False) else self.eos_tokens()
+            self.state.reset_mass()   # attention mass of this answer only
+        stop_ids = set() if params.ignore_eos else self.eos_tokens()
         tokens = generate_tokens(self.model, self.cache, logits, Sampler(params), list(prompt),
-                                 params.max_tokens, stop_ids, cancel)
+                                 params.max_tokens, stop_ids, cancel, state=self.state)
         # decode_s counts the engine's time after the first token, not the time the caller
         # spends between tokens (rendering, stop-string checks).
         resumed = None
@@ -118,54 +126,23 @@ class EllmBackend:
             yield token
             resumed = time.perf_counter()
 
-    # ---- KV cache: settings, document prefixes, attention mass --------------------------
-
-    @property
-    def blocked(self) -> bool:
-        return isinstance(self.cache, BlockKVCache)
-
-    @property
-    def prefix_multiple(self) -> int:
-        """Document prefixes are padded to this many tokens (whole KV blocks)."""
-        return self.kv_spec.block if self.blocked else 1
-
-    def kv_stats(self) -> dict:
-        """The KV setting and its cost: bytes stored per token, and bytes a decode step reads
-        from the cache at the current length (all of it when dense, the attended blocks and
-        the block bounds when sparse)."""
-        c = self.model.config
-        dims = (c.n_layers, c.n_kv_heads, c.head_dim, c.head_dim)
-        stored = (dense_f16_bytes_per_token(*dims) if not self.blocked
-                  else self.kv_spec.bytes_per_token(*dims))
-        n = self.cache.n_tokens
-        if self.blocked and self.attention.mode == "sparse":
-            b = self.kv_spec.block
-            attended = min(n, self.attention.budget_tokens(b))
-            # Ranked by the question's votes: no bounds read per step (the question read every
-            # block's keys once, attention/votes.py); ranked by the bounds: all of them, each step.
-            bounds = 0 if self.attention.observe else (-(-n // b)) * c.n_layers * c.n_kv_heads * 2 * 2 * c.head_dim
-            read = attended * stored + bounds
-        else:
-            read = n * stored
-        return {"kv": self.kv_spec.name, "attention": self.attention.mode,
-                "kv_bytes_per_token": int(round(stored)), "kv_read_bytes_per_token": int(round(read))}
-
-    def cache_signature(self) -> dict:
-        """What a persisted prefix depends on besides the model and the tokens."""
-        a = self.attention
-        return {"kv": self.kv_spec.name, "block": self.kv_spec.block, "attention": a.mode,
-                "sinks": a.sinks, "window": a.window, "top_k": a.top_k, "dense_layers": a.dense_layers,
-                "prefill_chunk": self.prefill_chunk}
+    def _fill_costs(self, stats: GenerationStats) -> None:
+        """What a decode step reads at the cache's current length (kv/sizes.py counts it):
+        the weights, and all of the cache when dense, the attended blocks when sparse."""
+        stats.weight_bytes_per_token = self.model.weight_bytes
+        stats.kv, stats.attention = self.kv_spec.name, self.attention.mode
+        stats.kv_bytes_per_token = self.kv_bytes_per_token()
+        sparse = self.attention if self.blocked else None
+        stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,
+                                                                self.cache.n_tokens, sparse)
 
     def _observe(self, prompt: list[int]) -> None:
         """Sparse attention: the prompt's last tokens choose the blocks decoding reads
         (app/engine/attention/votes.py), so they are computed afresh even when the cache still
         holds them, though never below the document's checkpoint."""
-        cache = self.cache
-        cache.votes.clear()
-        cfg = cache.attention
-        if cfg is None or cfg.mode != "sparse" or not cfg.observe:
-            cache.observe = None
+        cache, cfg = self.cache, self.attention
+        if cfg.mode != "sparse" or not cfg.observe:
+            self.state.start_question(None)
             return
         start = max(0, len(prompt) - cfg.observe)
         cp = cache.checkpoint
@@ -174,39 +151,86 @@ class EllmBackend:
         start = min(start, len(prompt) - 1)
         if cache.n_tokens > start:
             cache.truncate(start)
-        cache.observe = (start, len(prompt))
+        self.state.start_question((start, len(prompt)))
 
-    def ensure_prefix(self, tokens: Sequence[int], load: Callable[[BlockKVCache], bool] | None = None,
-                      save: Callable[[BlockKVCache], None] | None = None,
-                      cancel: Callable[[], bool] | None = None) -> str | None:
-        """Make the cache hold exactly ``tokens`` (a document prefix) and checkpoint there, so
-        that every question after it prefills only itself. Returns "hit" when the prefix was
-        already in memory or ``load`` restored it (a persisted cache), "miss" when it was
-        computed (then ``save`` persists it), None if cancelled. The dense f16 cache keeps
-        prefixes in memory only."""
+    # ---- Protocol: the KV cache and document prefixes -------------------------------------
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one cached token occupies: llama.cpp's f16 layout when dense, the blocked
+        format's codes, scales and bounds otherwise."""
+        if not self.blocked:
+            return kv_bytes_per_token(self._shape, "f16")
+        return math.ceil(self.kv_spec.bytes_per_token(*self._shape.dims))
+
+    def cache_signature(self) -> dict:
+        """What a persisted prefix depends on besides the model and the tokens."""
+        a = self.attention
+        return {"kv": self.kv_spec.name, "block": self.kv_spec.block, "attention": a.mode,
+                "sinks": a.sinks, "window": a.window, "top_k": a.top_k, "dense_layers": a.dense_layers,
+                "prefill_chunk": self.prefill_chunk}
+
+    def ensure_prefix(self, tokens: Sequence[int], file: CacheFile | None = None,
+                      cancel: Callable[[], bool] | None = None) -> Prefix | None:
+        """Make the cache hold exactly ``tokens`` (a document prefix) and checkpoint there, so that
+        every question after it prefills only itself: from memory when the cache holds it, from
+        ``file`` when it exists and passes its checks, else computed — resuming after the part
+        the cache already shares with it, in whole prefill chunks so the result is what a fresh
+        computation gives — and then written to ``file``. None if cancelled. The dense f16 cache
+        keeps prefixes in memory only."""
         tokens = [int(t) for t in tokens]
         _apply_threads(self._thread_plan)
         cache = self.cache
         if self.blocked:
-            cache.observe = None      # a document prefix has no question to observe
+            self.state.start_question(None)      # a document prefix has no question to observe
         if cache.n_tokens >= len(tokens) and cache.common_prefix(tokens) == len(tokens):
             cache.truncate(len(tokens))
             if self.blocked:
                 cache.set_checkpoint()
-            return "hit"
-        if self.blocked and load is not None:
+            return Prefix("hit", "memory")
+        rejected = ""
+        if self.blocked and file is not None and file.exists:
+            try:
+                kv_files.load(cache, file.path, file.meta)
+                if cache.tokens == tokens:
+                    return Prefix("hit", "file")
+                rejected = f"{file.path}: the KV cache file holds other tokens"
+            except CacheFileError as e:
+                rejected = str(e)
+        keep = cache.common_prefix(tokens) // self.prefill_chunk * self.prefill_chunk
+        cache.truncate(keep)
+        if keep == 0:
             cache.clear()
-            if load(cache):
-                return "hit"
-        cache.clear()
-        if prefill(self.model, cache, tokens, self.prefill_chunk, cancel) is None:
+        if prefill(self.model, cache, tokens[keep:], self.prefill_chunk, cancel, state=self.state) is None:
             cache.clear()
             return None
+        saved, save_error = 0, ""
         if self.blocked:
             cache.set_checkpoint()
-            if save is not None:
-                save(cache)
-        return "miss"
+            if file is not None:
+                try:
+                    saved = kv_files.save(cache, file.path, file.meta)
+                except OSError as e:
+                    save_error = f"{file.path}: {e.strerror or e}"
+        return Prefix("miss", "computed", saved, rejected, save_error)
+
+    def compose(self, files: Sequence[CacheFile], skip: int, room: int) -> list[int]:
+        """The files' prefixes side by side: the first memory-mapped whole, the others copied
+        without their first ``skip`` tokens (the header every prefix starts with)."""
+        if not self.capabilities.composes:
+            raise ValueError("only the blocked KV cache lays several documents side by side")
+        cache = self.cache
+        cache.clear()
+        sizes = [_checked(f, lambda f: kv_files.read_header(f.path)["n_tokens"]) for f in files]
+        self.reserve(sum(sizes) - skip * (len(files) - 1) + room)
+        offsets = []
+        for i, f in enumerate(files):
+            offsets.append(cache.n_tokens if i else skip)
+            if i == 0:
+                _checked(f, lambda f: kv_files.load(cache, f.path, f.meta))
+            else:
+                _checked(f, lambda f: kv_files.append(cache, f.path, f.meta, skip=skip))
+        cache.set_checkpoint()
+        return offsets
 
     def reserve(self, n_ctx: int) -> None:
         """Hold at least ``n_ctx`` tokens (a question over many documents' caches)."""
@@ -214,13 +238,16 @@ class EllmBackend:
             self.cache.reserve(n_ctx)
             self.n_ctx = n_ctx
 
+    def cached_tokens(self, start: int = 0, end: int | None = None) -> list[int]:
+        return list(self.cache.tokens[start:end])
+
     def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
         """The blocks that received the most attention mass during the last generation:
         (first token, end token, share of the mass), largest first. Empty for the dense
         f16 cache."""
         if not self.blocked:
             return []
-        mass = self.cache.block_mass
+        mass = self.state.block_mass
         total = float(mass.sum())
         if total <= 0:
             return []
@@ -238,26 +265,35 @@ class EllmBackend:
         self.model = None
 
 
+def _checked(file: CacheFile, read):
+    """read(file), with a CacheFileError that names the file it came from."""
+    try:
+        return read(file)
+    except CacheFileError as e:
+        raise CacheFileError(str(e), file.path) from e
+
+
 # ---- Threads -------------------------------------------------------------------------------
 
 
 def _plan_threads(n_threads: int | None, numa: str = "distribute"):
-    """The thread plan of app/engine/cpu/plan.py and cpu/pinning.py (one thread per physical core by default)."""
+    """The thread plan of app/engine/cpu/plan.py (one thread per physical core by default), or
+    the bare count where /sys cannot be read."""
+    from .cpu.plan import plan_threads
+    from .cpu.topology import read_topology
+
     try:
-        from .cpu.plan import plan_threads
-        from .cpu.topology import read_topology
         return plan_threads(read_topology(), threads=n_threads or 0, numa_policy=numa)
-    except (ImportError, OSError, ValueError):
+    except (OSError, ValueError):
         return n_threads
 
 
 def _apply_threads(plan) -> None:
-    """Apply the plan in the calling thread; a bare count (or None) when threads.py could not
-    plan, e.g. on a machine whose /sys we cannot read."""
+    """Apply the plan in the calling thread; a bare count (or None) when no plan could be made."""
+    from .cpu.pinning import apply, unpin
+
     if plan is None or isinstance(plan, int):
         # unpinned: undo any earlier apply in this process, or this run would stay pinned
-        from .cpu.pinning import unpin
         unpin(plan or 0)
         return
-    from .cpu.pinning import apply
     apply(plan)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .attention.state import AttentionState
 from .kv.dense import KVCache
 from .model.transformer import Model
 from .sampling import Sampler
@@ -17,8 +18,10 @@ PREFILL_CHUNK = 256  # tokens per prefill matmul; llama.cpp's default n_ubatch i
 
 
 def prefill(model: Model, cache: KVCache, tokens: Sequence[int], chunk: int = PREFILL_CHUNK,
-            cancel: Callable[[], bool] | None = None, all_logits: bool = False) -> np.ndarray | None:
-    """Run ``tokens`` after what the cache already holds, in chunks of ``chunk`` tokens.
+            cancel: Callable[[], bool] | None = None, all_logits: bool = False,
+            state: AttentionState | None = None) -> np.ndarray | None:
+    """Run ``tokens`` after what the cache already holds, in chunks of ``chunk`` tokens (a
+    blocked cache attended as ``state`` says, see Model.forward).
 
     Returns the logits of the last token (V,) float32, or of every token (T, V) float32
     with ``all_logits``; None when ``cancel()`` turned True between two chunks (the cache
@@ -30,12 +33,13 @@ def prefill(model: Model, cache: KVCache, tokens: Sequence[int], chunk: int = PR
     for i in range(0, len(tokens), chunk):
         if i and cancel is not None and cancel():
             return None
-        parts.append(model.forward(tokens[i:i + chunk], cache, all_logits=all_logits))
+        parts.append(model.forward(tokens[i:i + chunk], cache, all_logits=all_logits, state=state))
     return np.concatenate(parts) if all_logits else parts[-1]
 
 
 def prefill_reusing_prefix(model: Model, cache: KVCache, tokens: Sequence[int], chunk: int = PREFILL_CHUNK,
-                           cancel: Callable[[], bool] | None = None) -> tuple[np.ndarray | None, int]:
+                           cancel: Callable[[], bool] | None = None,
+                           state: AttentionState | None = None) -> tuple[np.ndarray | None, int]:
     """Prefill only the part of ``tokens`` the cache does not already hold.
 
     The last token is always recomputed (its logits are needed). Returns the last logits
@@ -43,17 +47,18 @@ def prefill_reusing_prefix(model: Model, cache: KVCache, tokens: Sequence[int], 
     """
     n_keep = min(cache.common_prefix(tokens), len(tokens) - 1)
     cache.truncate(n_keep)
-    return prefill(model, cache, tokens[n_keep:], chunk, cancel), n_keep
+    return prefill(model, cache, tokens[n_keep:], chunk, cancel, state=state), n_keep
 
 
-def decode_one_token(model: Model, cache: KVCache, token: int) -> np.ndarray:
+def decode_one_token(model: Model, cache: KVCache, token: int, state: AttentionState | None = None) -> np.ndarray:
     """Append one token; returns the logits (V,) float32 of the next position."""
-    return model.forward((token,), cache)
+    return model.forward((token,), cache, state=state)
 
 
 def generate_tokens(model: Model, cache: KVCache, logits: np.ndarray, sampler: Sampler,
                     history: list[int], max_tokens: int, stop_ids: set[int],
-                    cancel: Callable[[], bool] | None = None) -> Iterator[int]:
+                    cancel: Callable[[], bool] | None = None,
+                    state: AttentionState | None = None) -> Iterator[int]:
     """Yield up to ``max_tokens`` tokens, starting from the prefill's last ``logits`` (V,).
 
     Stops at an id in ``stop_ids`` (end of generation: neither yielded nor fed back), when
@@ -72,4 +77,4 @@ def generate_tokens(model: Model, cache: KVCache, logits: np.ndarray, sampler: S
             return
         if cancel is not None and cancel():
             return
-        logits = decode_one_token(model, cache, token)
+        logits = decode_one_token(model, cache, token, state)

@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from app.engine.backend import GenerationStats, SamplingParams
-
+from .backend import CacheFile, Capabilities, GenerationStats, Prefix, SamplingParams
+from .kv.sizes import LLAMACPP_KV_TYPES, KVShape, llamacpp_kv_bytes_per_token
 from .model.chat import render_chat
+from .model.gguf_file import scan_gguf
 
 _quiet_callback = None
 
@@ -81,30 +82,42 @@ def open_llama(model_path: str | Path, **kwargs):
 
 
 class LlamaCppBackend:
+    """llama-cpp-python with dense attention. It keeps the last prompt in its own cache (a
+    prompt that starts with it prefills only the rest) but no prefix files and no composed
+    caches: a document prefix is prefilled with the question."""
+
     name = "llamacpp"
+    capabilities = Capabilities()
+    prefix_multiple = 1
 
     def __init__(self, model_path: str, n_ctx: int = 8192, n_threads: int | None = None,
-                 n_batch: int = 512, numa: bool | int = False, type_k: int | None = None,
-                 type_v: int | None = None, flash_attn: bool = False):
+                 n_batch: int = 512, numa: bool | int = False, kv: str = "f16", flash_attn: bool | None = None):
+        """kv: a KV setting name, mapped onto llama.cpp's cache types (f16, q8_0, q4_0); its
+        quantized V cache needs flash attention, which is on by default exactly then."""
         import llama_cpp  # imported here: loading the shared library costs ~0.3 s
 
+        if kv not in LLAMACPP_KV_TYPES:
+            raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(LLAMACPP_KV_TYPES)}")
+        type_k, type_v = LLAMACPP_KV_TYPES[kv]
         quiet_llama_logs()
         self.model_path = str(model_path)
+        self.kv = kv
+        self.flash_attn = kv != "f16" if flash_attn is None else flash_attn
         self.llm = open_llama(
             self.model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-            n_threads_batch=n_threads, numa=numa, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+            n_threads_batch=n_threads, numa=numa, type_k=type_k, type_v=type_v, flash_attn=self.flash_attn,
             verbose=False,
         )
         self.n_ctx = self.llm.n_ctx()
         self.stats = GenerationStats()
-        meta = self.llm.metadata
-        self._template = meta.get("tokenizer.chat_template")
-        vocab = self.llm._model.vocab if hasattr(self.llm._model, "vocab") else self.llm._model.model
-        self._vocab = vocab
+        layout = scan_gguf(self.model_path)
+        self._shape = KVShape.from_layout(layout)
+        self._weight_bytes = layout.weight_bytes_per_token()
+        self._template = self.llm.metadata.get("tokenizer.chat_template")
+        vocab = self.llm._model.vocab
         self._bos = self._piece(self.llm.token_bos())
         self._eos = self._piece(self.llm.token_eos())
-        self._eog = {t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)} \
-            if hasattr(llama_cpp, "llama_vocab_is_eog") else {self.llm.token_eos()}
+        self._eog = {t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
 
     def _piece(self, token: int) -> str:
         if token < 0:
@@ -135,6 +148,11 @@ class LlamaCppBackend:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {self.n_ctx} tokens")
         budget = min(params.max_tokens, self.n_ctx - len(prompt))
         self.stats = stats = GenerationStats(prompt_tokens=len(prompt))
+        stats.reused_prompt_tokens = min(self._common_prefix(prompt), len(prompt) - 1)
+        stats.weight_bytes_per_token = self._weight_bytes
+        stats.kv, stats.attention = self.kv, "dense"
+        stats.kv_bytes_per_token = self.kv_bytes_per_token()
+        stats.kv_read_bytes_per_token = stats.kv_bytes_per_token * len(prompt)
         self.llm.set_seed(params.seed)
         t0 = time.perf_counter()
         stream = self.llm.generate(
@@ -159,5 +177,38 @@ class LlamaCppBackend:
         finally:
             stream.close()
 
+    def _common_prefix(self, prompt: list[int]) -> int:
+        """Prompt tokens llama-cpp-python keeps from its last prompt (Llama.generate, reset=True
+        still reuses the longest common prefix)."""
+        n = 0
+        for a, b in zip(self.llm.input_ids[:self.llm.n_tokens].tolist(), prompt):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    # ---- Protocol: the KV cache and document prefixes ---------------------------------
+
+    def kv_bytes_per_token(self) -> int:
+        return llamacpp_kv_bytes_per_token(self._shape, self.kv)
+
+    def cache_signature(self) -> dict:
+        return {"kv": self.kv, "attention": "dense", "flash_attn": self.flash_attn}
+
+    def ensure_prefix(self, tokens: Sequence[int], file: CacheFile | None = None,
+                      cancel: Callable[[], bool] | None = None) -> Prefix:
+        """Nothing now: the prefix is prefilled with the question (llama.cpp reuses what its
+        cache already holds of it)."""
+        return Prefix("miss", "deferred")
+
+    def compose(self, files: Sequence[CacheFile], skip: int, room: int) -> list[int]:
+        raise ValueError("llama.cpp cannot lay several documents' caches side by side")
+
+    def cached_tokens(self, start: int = 0, end: int | None = None) -> list[int]:
+        return self.llm.input_ids[:self.llm.n_tokens].tolist()[start:end]
+
+    def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
+        return []
+
     def close(self) -> None:
-        self.llm.close() if hasattr(self.llm, "close") else None
+        self.llm.close()

@@ -1,9 +1,17 @@
-"""Asking a question about whole documents, with page citations.
+"""The answer service: one question about one document, several, a folder or everything.
 
-The prompt holds the document's text with page markers (see prompting.py). The
-answer streams; its citations are the pages it relied on: the pages it cites
-itself ([p. N]) and the passages of the context that best match what it says
-(BM25 over the document's chunks).
+The command line (``ellm ask``) and the window both call ``answer``. A question is answered in
+one generation:
+
+* over several documents on a backend that composes prefix caches (eLLM's blocked cache), each
+  document's prefix cache is laid beside the others' and the question read across all of them
+  (qa/across.py);
+* otherwise in one context: the documents' pages with page markers (qa/prompt.py), all of them
+  when they fit, else the pages most relevant to the question (qa/pages.py), and the answer says
+  so. A single document's prefix cache is reused from memory or its file (qa/doc_cache.py).
+
+Either way the answer streams; its citations are the pages it relied on (qa/citations.py) and,
+where the engine reports attention, the passages it attended to (qa/attended.py).
 """
 from __future__ import annotations
 
@@ -11,17 +19,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from app.engine.backend import SamplingParams, stream_text
-from app.qa.pages import ContextPlan, TEMPLATE_OVERHEAD, format_pages, load_pages, plan_context, token_counter
+from app.engine.backend import Backend, GenerationStats, SamplingParams, stream_text
+from app.qa import across
 from app.qa.attended import attended_passages
-from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.qa.citations import cite
-from app.qa.prompt import SYSTEM_PROMPT, build_prompt
+from app.qa.doc_cache import DocCaches, store_cache_dir
+from app.qa.pages import TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context, token_counter
+from app.qa.prompt import SYSTEM_PROMPT, Prompt, build_prompt
 from app.store import Store
 
 
 class AskError(Exception):
-    pass
+    """A question that cannot be answered as asked; the message says why and what to do."""
 
 
 @dataclass
@@ -36,71 +45,183 @@ class Answer:
     doc_ids: list[int]
     cancelled: bool = False
     answer_id: int | None = None
-    extra: dict = field(default_factory=dict)
+    attended: list[dict] = field(default_factory=list)   # passages attended to (blocked cache only)
+    considered: list[dict] | None = None  # several documents in one context: the ones read
+    note: str = ""                        # why some of the documents asked about were left out
+
+    @property
+    def notes(self) -> str:
+        """Everything a person should know about what the answer read, in one line."""
+        return " ".join(n for n in (self.note, self.plan.note) if n)
 
     def as_dict(self) -> dict:
-        return {"answer": self.answer, "citations": self.citations, "timings": self.timings,
-                "engine": self.engine, "model": self.model, "documents": self.doc_ids,
-                "context": self.plan.as_dict(), "cancelled": self.cancelled, "answer_id": self.answer_id,
-                **self.extra}
+        d = {"answer": self.answer, "citations": self.citations, "timings": self.timings,
+             "engine": self.engine, "model": self.model, "documents": self.doc_ids,
+             "context": self.plan.as_dict(), "cancelled": self.cancelled, "answer_id": self.answer_id,
+             "attended": self.attended}
+        if self.considered is not None:
+            d.update(considered=self.considered, note=self.note)
+        return d
 
 
-def ask(store: Store, backend, question: str, doc_ids: list[int], params: SamplingParams,
-        model_name: str = "", on_text: Callable[[str], None] | None = None,
-        cancel: Callable[[], bool] | None = None, save: bool = True,
-        caches: DocCaches | None = None) -> Answer:
-    """Answer ``question`` about ``doc_ids``; ``on_text`` receives the answer as it streams."""
+TextSink = Callable[[str], None]
+StatsSink = Callable[[GenerationStats], None]
+
+
+def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], params: SamplingParams,
+           model_name: str = "", on_text: TextSink | None = None, on_stats: StatsSink | None = None,
+           cancel: Callable[[], bool] | None = None, progress: Callable[[str], None] | None = None,
+           save: bool = True, memory_budget: int | None = None, caches: DocCaches | None = None) -> Answer:
+    """Answer ``question`` about ``doc_ids`` in one generation. ``on_text`` receives the answer
+    as it streams, ``on_stats`` the engine's statistics with each piece (tokens/s, bytes read),
+    ``progress`` what is being prepared (a document read into its cache); ``cancel`` stops it."""
     question = question.strip()
     if not question:
         raise AskError("the question is empty")
-    t_start = time.perf_counter()
-    count = token_counter(backend)
-    pages = load_pages(store, doc_ids, count)
-    if not pages:
-        raise AskError("the document has no text in the store; ingest it again (see `ellm docs` for its status)")
-    fixed = count(SYSTEM_PROMPT) + count(question) + TEMPLATE_OVERHEAD
-    budget = backend.n_ctx - params.max_tokens - fixed
-    if budget < 64:
-        raise AskError(f"the context of {backend.n_ctx} tokens leaves no room for the document after the "
-                       f"question and {params.max_tokens} answer tokens; raise the context length or lower max tokens")
-    plan = plan_context(store, pages, budget, question)
-    prompt = build_prompt(backend, question, format_pages(plan.pages))
-    if len(prompt.tokens) + params.max_tokens > backend.n_ctx:  # page estimates were low: drop pages until it fits
-        while plan.pages and len(prompt.tokens) + params.max_tokens > backend.n_ctx:
-            plan.pages.pop()
-            prompt = build_prompt(backend, question, format_pages(plan.pages))
-        plan.used_tokens = sum(p.tokens for p in plan.pages)
-    tokens, n_prefix = prompt.tokens, len(prompt.prefix)
-
-    stream = AnswerStream(backend, params, cancel, on_text, t_start)
-    t_prefix = time.perf_counter()
+    if not doc_ids:
+        raise AskError("no documents to ask: ingest some first (`ellm ingest FOLDER`)")
     caches = caches or DocCaches(store, store_cache_dir(store))
-    kv_cache = caches.prepare(backend, doc_ids[0] if len(doc_ids) == 1 else None, tokens[:n_prefix], stream.stop_now)
-    prefix_s = time.perf_counter() - t_prefix
-    text = stream.run(tokens) if kv_cache is not None else ""
-    cancelled, first_token_s = stream.cancelled, stream.first_token_s
-    stats = backend.stats
-    timings = stats.as_dict()
-    timings["kv_cache"] = kv_cache or "miss"
-    timings["prefix_s"] = round(prefix_s, 4)
-    timings["first_token_s"] = round(first_token_s if first_token_s is not None else 0.0, 4)
-    timings["total_s"] = round(time.perf_counter() - t_start, 3)
-    citations = cite(store, text, question, plan) if text else []
-    result = Answer(question, text, citations, timings, plan, backend.name, model_name, list(doc_ids), cancelled)
-    if hasattr(backend, "attended_blocks"):
-        result.extra["attended"] = attended_passages(backend, plan, prompt.prefix_text, n_prefix)
-    if save and text:
-        result.answer_id = store.add_answer(list(doc_ids), question, text, citations, model_name,
-                                            backend.name, timings)
-    return result
+    job = _Job(store, backend, question, params, model_name, on_text, on_stats, cancel, progress, caches, save)
+    if len(doc_ids) > 1 and backend.capabilities.composes:
+        return job.across(doc_ids, memory_budget)
+    return job.in_one_context(doc_ids)
+
+
+@dataclass
+class _Job:
+    """One question on its way to an answer: what both paths share."""
+
+    store: Store
+    backend: Backend
+    question: str
+    params: SamplingParams
+    model_name: str
+    on_text: TextSink | None
+    on_stats: StatsSink | None
+    cancel: Callable[[], bool] | None
+    progress: Callable[[str], None] | None
+    caches: DocCaches
+    save: bool = True
+    t_start: float = field(default_factory=time.perf_counter)
+
+    def in_one_context(self, doc_ids: list[int]) -> Answer:
+        """The documents' pages in one prompt: whole when they fit, else the most relevant."""
+        backend, params = self.backend, self.params
+        count = token_counter(backend)
+        pages = load_pages(self.store, doc_ids, count)
+        if not pages:
+            raise AskError("the document has no text in the store; ingest it again (see `ellm docs` for its status)")
+        fixed = count(SYSTEM_PROMPT) + count(self.question) + TEMPLATE_OVERHEAD
+        budget = backend.n_ctx - params.max_tokens - fixed
+        if budget < 64:
+            raise AskError(f"the context of {backend.n_ctx} tokens leaves no room for the document after the "
+                           f"question and {params.max_tokens} answer tokens; raise the context length or lower "
+                           f"max tokens")
+        plan = plan_context(self.store, pages, budget, self.question)
+        prompt = build_prompt(backend, self.question, format_pages(plan.pages))
+        if len(prompt.tokens) + params.max_tokens > backend.n_ctx:  # page estimates were low: drop pages until it fits
+            while plan.pages and len(prompt.tokens) + params.max_tokens > backend.n_ctx:
+                plan.pages.pop()
+                prompt = build_prompt(backend, self.question, format_pages(plan.pages))
+            plan.used_tokens = sum(p.tokens for p in plan.pages)
+        stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
+        t_prefix = time.perf_counter()
+        single = doc_ids[0] if len(doc_ids) == 1 else None
+        status = self.caches.prepare(backend, single, prompt.prefix, stream.stop_now)
+        prefix_s = time.perf_counter() - t_prefix
+        text = stream.run(prompt.tokens) if status is not None else ""
+        timings = self._timings(stream, kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
+        segments = [(0, len(prompt.prefix), prompt.prefix_text, plan)]
+        return self._finish(text, stream, timings, plan, list(doc_ids), segments)
+
+    def across(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
+        """Several documents' prefix caches side by side, the question read across all of them."""
+        backend = self.backend
+        parts = across.document_parts(self.store, backend, self.question, doc_ids)
+        if not parts:
+            raise AskError("none of the documents has text in the store; see `ellm docs`")
+        try:
+            considered, note = across.fit(self.store, backend, self.question, parts, memory_budget)
+        except across.OverBudget as e:
+            raise AskError(str(e)) from e
+        stream = AnswerStream(backend, self.params, self.cancel, self.on_text, self.on_stats, self.t_start)
+        statuses = []
+        for i, p in enumerate(considered):
+            if self.caches.registered(backend, p.doc_id, p.prefix) is not None:
+                statuses.append("hit")
+                continue
+            if self.progress is not None:
+                self.progress(f"reading {p.title} ({i + 1} of {len(considered)}, {len(p.prefix)} tokens)")
+            status = self.caches.prepare(backend, p.doc_id, p.prefix, stream.stop_now)
+            if status is None:
+                return self._cancelled(doc_ids)
+            statuses.append(status)
+        t_compose = time.perf_counter()
+        try:
+            offsets = across.compose(backend, self.caches, considered, stream.stop_now)
+        except across.ComposeError as e:
+            raise AskError(str(e)) from e
+        compose_s = time.perf_counter() - t_compose
+        first = considered[0].prompt
+        text = stream.run(first.prefix + [t for p in considered[1:] for t in p.prompt.doc] + first.suffix)
+        timings = self._timings(stream, kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
+                                compose_s=round(compose_s, 4))
+        pages = [pg for p in considered for pg in p.pages]
+        plan = ContextPlan(pages=pages, doc_tokens=sum(len(p.prefix) for p in parts),
+                           used_tokens=sum(len(p.prefix) for p in considered), budget=backend.n_ctx,
+                           total_pages=len(pages))
+        segments = [(0, len(first.prefix), first.prefix_text, ContextPlan(pages=considered[0].pages))]
+        segments += [(off, len(p.prompt.doc), p.prompt.doc_text, ContextPlan(pages=p.pages))
+                     for off, p in zip(offsets[1:], considered[1:])]
+        result = self._finish(text, stream, timings, plan, [p.doc_id for p in considered], segments, keep=False)
+        result.considered = [{"doc": p.doc_id, "title": p.title} for p in considered]
+        result.note = note
+        self._save(result)
+        return result
+
+    # ---- shared ------------------------------------------------------------------------
+
+    def _timings(self, stream: AnswerStream, **parts) -> dict:
+        timings = self.backend.stats.as_dict()
+        timings.update(parts)
+        timings["first_token_s"] = round(stream.first_token_s or 0.0, 4)
+        timings["total_s"] = round(time.perf_counter() - self.t_start, 3)
+        return timings
+
+    def _finish(self, text: str, stream: AnswerStream, timings: dict, plan: ContextPlan, doc_ids: list[int],
+                segments: list[tuple[int, int, str, ContextPlan]], keep: bool = True) -> Answer:
+        backend = self.backend
+        citations = cite(self.store, text, self.question, plan) if text else []
+        result = Answer(self.question, text, citations, timings, plan, backend.name, self.model_name, doc_ids,
+                        stream.cancelled)
+        if backend.capabilities.attended_blocks:
+            result.attended = attended_passages(backend, segments)
+        if keep:
+            self._save(result)
+        return result
+
+    def _save(self, result: Answer) -> None:
+        """Store the answer (with what it said so far, if it was stopped); nothing when empty."""
+        if result.answer and self.save:
+            result.answer_id = self.store.add_answer(result.doc_ids, result.question, result.answer,
+                                                     result.citations, self.model_name, self.backend.name,
+                                                     result.timings)
+
+    def _cancelled(self, doc_ids: list[int]) -> Answer:
+        return Answer(self.question, "", [], {"total_s": round(time.perf_counter() - self.t_start, 3),
+                                              "kv_cache": "miss"},
+                      ContextPlan(), self.backend.name, self.model_name, list(doc_ids), cancelled=True)
 
 
 class AnswerStream:
-    """Generates an answer from prompt tokens, streaming its text to ``on_text`` and noting
-    when the first piece came (seconds after ``t_start``) and whether ``cancel`` stopped it."""
+    """Generates an answer from prompt tokens, streaming its text to ``on_text`` (and the
+    engine's statistics to ``on_stats``), noting when the first piece came (seconds after
+    ``t_start``) and whether ``cancel`` stopped it."""
 
-    def __init__(self, backend, params: SamplingParams, cancel, on_text, t_start: float):
-        self.backend, self.params, self.cancel, self.on_text = backend, params, cancel, on_text
+    def __init__(self, backend: Backend, params: SamplingParams, cancel, on_text: TextSink | None,
+                 on_stats: StatsSink | None, t_start: float):
+        self.backend, self.params, self.cancel = backend, params, cancel
+        self.on_text, self.on_stats = on_text, on_stats
         self.t_start = t_start
         self.cancelled = False
         self.first_token_s: float | None = None
@@ -119,6 +240,9 @@ class AnswerStream:
             pieces.append(piece)
             if self.on_text:
                 self.on_text(piece)
+            if self.on_stats:
+                self.on_stats(self.backend.stats)
         return "".join(pieces).strip()
 
 
+__all__ = ["Answer", "AnswerStream", "AskError", "Prompt", "answer"]

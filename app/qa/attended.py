@@ -2,12 +2,13 @@
 
 The engine sums, per KV block, the attention mass every layer and head gave it during the
 answer (app/engine/attention/blocks.py). Here those blocks, spans of prompt tokens, are mapped
-through byte offsets to the pages of the prompt (ask.py lays pages out with ``[Page N]``
+through byte offsets to the pages of the prompt (qa/prompt.py lays pages out with ``[Page N]``
 markers) and to the text they hold. Blocks outside the documents (system prompt, question,
 the answer itself) are left out; the weights are shares of the mass the documents received.
 """
 from __future__ import annotations
 
+from app.engine.backend import Backend
 from app.qa.pages import ContextPlan
 
 MAX_ATTENDED = 5
@@ -43,14 +44,10 @@ def token_offsets(backend, tokens: list[int], text: bytes) -> list[int]:
     return [max(0, e - shift) for e in ends]
 
 
-def attended_passages(backend, plan: ContextPlan, prefix_text: str, n_prefix: int) -> list[dict]:
-    """[{"doc", "page", "text", "weight"}] of the pages the answer attended to most."""
-    return attended_across(backend, [(0, n_prefix, prefix_text, plan)])
-
-
-def attended_across(backend, segments: list[tuple[int, int, str, ContextPlan]]) -> list[dict]:
-    """attended_passages over several document prefixes side by side in one cache:
-    segments = (first token, token count, prefix text, plan) of each."""
+def attended_passages(backend: Backend, segments: list[tuple[int, int, str, ContextPlan]]) -> list[dict]:
+    """[{"doc", "page", "text", "weight"}] of the pages the answer attended to most, over the
+    document prefixes the cache holds: segments = (first token, token count, prefix text, plan)
+    of each (one, or several side by side)."""
     blocks = backend.attended_blocks(_BLOCKS_CONSIDERED)
     if not blocks:
         return []
@@ -59,7 +56,7 @@ def attended_across(backend, segments: list[tuple[int, int, str, ContextPlan]]) 
         prefix = text.encode("utf-8")
         spans = _page_spans(prefix, plan)
         if spans:
-            tokens = list(backend.cache.tokens[start:start + count])
+            tokens = backend.cached_tokens(start, start + count)
             mapped.append((start, start + count, token_offsets(backend, tokens, prefix), prefix, spans))
     by_page: dict[tuple[int, int], dict] = {}
     total = 0.0

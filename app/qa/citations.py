@@ -16,24 +16,29 @@ _CITE = re.compile(r"\[(?:p|pp|page|pages)\.?\s*(\d+)(?:\s*[-–,]\s*(\d+))?\]|\
 
 
 def cite(store: Store, answer: str, question: str, plan: ContextPlan) -> list[dict]:
-    """Pages the answer relied on, most certain first: the pages it cites itself,
-    then the context pages whose passages best match the answer."""
+    """Pages the answer relied on, most certain first: the pages it cites itself, then the
+    context pages whose passages best match the answer. Across several documents a "[p. N]"
+    names the page N that matches the answer best (the documents all have a page 2)."""
     in_context = {(p.doc_id, p.number): p for p in plan.pages}
     doc_ids = sorted({p.doc_id for p in plan.pages})
+    ranked = [(hit["doc_id"], hit["page"]) for hit in
+              store.search_chunks(doc_ids, f"{answer} {answer} {question}", limit=20)]
+    rank = {key: i for i, key in reversed(list(enumerate(ranked)))}
     chosen: list[tuple[int, int]] = []
     for m in _CITE.finditer(answer):
         first = int(m.group(1) or m.group(3))
         last = int(m.group(2)) if m.group(2) else first
         for n in range(first, min(last, first + 5) + 1):
-            for d in doc_ids:
-                if (d, n) in in_context and (d, n) not in chosen:
-                    chosen.append((d, n))
-    for hit in store.search_chunks(doc_ids, f"{answer} {answer} {question}", limit=20):
-        key = (hit["doc_id"], hit["page"])
-        if key in in_context and key not in chosen:
-            chosen.append(key)
+            candidates = [(d, n) for d in doc_ids if (d, n) in in_context]
+            if candidates:
+                best = min(candidates, key=lambda key: (rank.get(key, len(ranked)), key))
+                if best not in chosen:
+                    chosen.append(best)
+    for key in ranked:
         if len(chosen) >= MAX_CITATIONS:
             break
+        if key in in_context and key not in chosen:
+            chosen.append(key)
     out = []
     for doc_id, page in chosen[:MAX_CITATIONS]:
         out.append({"doc": doc_id, "page": page, "text": passage(store, doc_id, page, answer, in_context)})

@@ -1,9 +1,10 @@
 """Persisted document KV caches: compute a document's prefix once, reuse it for every question.
 
-A prefix (system prompt + the document's pages, as ask.py lays them out) is question-
-independent. The engine computes its KV cache once; this service stores it as a file
-(app/engine/kv/files.py) under the data directory, registers it in the store (``kv_caches``)
-and hands it back on the next question, memory-mapped. The file's key hashes the model,
+A prefix (system prompt + the document's pages, as qa/prompt.py lays them out) is question-
+independent. The engine computes its KV cache once; this service decides where its file lives
+under the data directory, registers it in the store (``kv_caches``), and hands it to the
+backend on the next question, which maps it back (the prefix-cache part of the backend
+protocol, app/engine/backend.py). The file's key hashes the model,
 the cache settings and the exact prefix tokens, so a changed document, model or KV setting
 simply finds no file and computes a new one (the older file of that document is deleted).
 A file that fails its checks is deleted and rebuilt, never used.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.engine.backend import Backend, CacheFile
 from app.store import Store
 
 log = logging.getLogger(__name__)
@@ -57,74 +59,58 @@ def store_cache_dir(store: Store) -> Path:
 
 
 class DocCaches:
-    """The KV cache files of one data directory."""
+    """The KV cache files of one data directory, registered in the store (``kv_caches``)."""
 
     def __init__(self, store: Store, cache_dir: Path):
         self.store = store
         self.dir = Path(cache_dir) / KV_SUBDIR
 
-    def prepare(self, backend, doc_id: int | None, tokens: Sequence[int],
+    def prepare(self, backend: Backend, doc_id: int | None, tokens: Sequence[int],
                 cancel: Callable[[], bool] | None = None) -> str | None:
         """Make ``backend`` hold the prefix ``tokens``; "hit" if it was in memory or on disk,
-        "miss" if computed now (and then saved, for a single document), None if cancelled.
-        Backends without prefix support (llama.cpp) return "miss": they prefill it all."""
-        if not hasattr(backend, "ensure_prefix"):
-            return "miss"
-        if doc_id is None or not backend.blocked:
-            return backend.ensure_prefix(tokens, cancel=cancel)
-        from app.engine.kv.files import KVFileError, load, save
-
-        path, meta, key, model_fp, signature = self.locate(backend, doc_id, tokens)
-        row = self.store.kv_cache(doc_id, key)
-
-        def load_file(cache) -> bool:
-            if row is None or not path.exists():
-                return False
-            try:
-                load(cache, path, meta)
-            except KVFileError as e:
-                log.warning("rebuilding the KV cache of document %s: %s", doc_id, e)
-                self._forget(doc_id, key, path)
-                return False
-            if cache.tokens != list(tokens):
-                log.warning("rebuilding the KV cache of document %s: %s holds other tokens", doc_id, path)
-                cache.clear()
-                self._forget(doc_id, key, path)
-                return False
+        "miss" if computed now (and then saved, for a single document on a backend that keeps
+        prefix files), None if cancelled. Backends that keep no prefix (llama.cpp) answer "miss":
+        they prefill it with the question."""
+        if doc_id is None or not backend.capabilities.prefix_files:
+            result = backend.ensure_prefix(tokens, None, cancel)
+            return None if result is None else result.status
+        file, key, model_fp, signature = self.locate(backend, doc_id, tokens)
+        result = backend.ensure_prefix(tokens, file, cancel)
+        if result is None:
+            return None
+        if result.rejected:
+            log.warning("rebuilding the KV cache of document %s: %s", doc_id, result.rejected)
+        if result.save_error:   # a full disk must not fail the question
+            log.warning("could not save the KV cache of document %s: %s", doc_id, result.save_error)
+        if result.source == "file":
             self.store.touch_kv_cache(doc_id, key)
-            return True
-
-        def save_file(cache) -> None:
-            try:
-                nbytes = save(cache, path, meta)
-            except OSError as e:   # a full disk must not fail the question
-                log.warning("could not save the KV cache of document %s to %s: %s", doc_id, path, e)
-                return
-            for old in self.store.add_kv_cache(doc_id, key, str(path), model_fp, signature["kv"],
-                                               len(tokens), nbytes):
-                if old != str(path):
+        elif result.saved_bytes:
+            for old in self.store.add_kv_cache(doc_id, key, str(file.path), model_fp, signature["kv"],
+                                               len(tokens), result.saved_bytes):
+                if old != str(file.path):
                     Path(old).unlink(missing_ok=True)
+        elif result.rejected:
+            self._forget(doc_id, key, file.path)
+        return result.status
 
-        return backend.ensure_prefix(tokens, load_file, save_file, cancel)
-
-    def locate(self, backend, doc_id: int, tokens: Sequence[int]) -> tuple[Path, dict, str, str, dict]:
-        """(file path, header meta, key, model fingerprint, settings) of a prefix's cache."""
+    def locate(self, backend: Backend, doc_id: int, tokens: Sequence[int]) -> tuple[CacheFile, str, str, dict]:
+        """(the prefix's cache file, its key, the model fingerprint, the cache settings). The
+        file ``exists`` when it is registered and on disk."""
         model_fp = model_fingerprint(backend.model_path)
         signature = backend.cache_signature()
         key = cache_key(model_fp, signature, tokens)
-        meta = {"key": key, "model": model_fp, **signature}
-        return self.dir / f"doc{doc_id}-{key[:16]}.kv", meta, key, model_fp, signature
+        path = self.dir / f"doc{doc_id}-{key[:16]}.kv"
+        exists = self.store.kv_cache(doc_id, key) is not None and path.exists()
+        return CacheFile(path, {"key": key, "model": model_fp, **signature}, exists), key, model_fp, signature
 
-    def registered(self, backend, doc_id: int, tokens: Sequence[int]) -> tuple[Path, dict] | None:
-        """The file and meta of a registered, existing cache of this prefix, or None."""
-        path, meta, key, _, _ = self.locate(backend, doc_id, tokens)
-        if self.store.kv_cache(doc_id, key) is None or not path.exists():
-            return None
-        return path, meta
+    def registered(self, backend: Backend, doc_id: int, tokens: Sequence[int]) -> CacheFile | None:
+        """The registered, existing cache file of this prefix, or None."""
+        file = self.locate(backend, doc_id, tokens)[0]
+        return file if file.exists else None
 
-    def forget(self, backend, doc_id: int, tokens: Sequence[int]) -> None:
-        path, _, key, _, _ = self.locate(backend, doc_id, tokens)
-        self._forget(doc_id, key, path)
+    def forget(self, backend: Backend, doc_id: int, tokens: Sequence[int]) -> None:
+        file, key, _, _ = self.locate(backend, doc_id, tokens)
+        self._forget(doc_id, key, file.path)
 
     def _forget(self, doc_id: int, key: str, path: Path) -> None:
         self.store.remove_kv_cache(doc_id, key)

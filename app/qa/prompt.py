@@ -55,7 +55,7 @@ class Prompt:
 
 
 def _padded(backend, tokens: list[int], text: str) -> tuple[list[int], str]:
-    multiple = getattr(backend, "prefix_multiple", 1)
+    multiple = backend.prefix_multiple
     if len(tokens) % multiple == 0:
         return tokens, text
     newline = backend.tokenize("\n", add_bos=False, special=False)[-1:]

@@ -1,7 +1,8 @@
 """What a question is asked about: the selected documents, one folder, or everything.
 
-Qt-free: the window's ask pane offers the three choices and shows the heading made
-here; they are the window's counterparts of ``ellm ask --doc / --folder / --all``.
+The one resolver of both front ends: the window's ask pane offers the three choices and
+shows the heading made here; ``ellm ask --doc / --folder / --all`` resolves the same kinds
+and prints ``problem`` when nothing can be asked.
 A folder or everything means its ingested documents (as on the command line); the
 selection is taken as it is, so asking about a failed document says why it cannot
 be answered.
@@ -28,6 +29,7 @@ class AskTarget:
     heading: str             # one line: what will be asked about, or why nothing can be
     detail: str = ""         # the titles, for a tooltip
     folder: str | None = None
+    problem: str = ""        # why nothing can be asked, with what to do (the command line's words)
 
 
 def resolve(kind: str, docs: list[dict], selected: list[int], current: int | None = None,
@@ -39,24 +41,29 @@ def resolve(kind: str, docs: list[dict], selected: list[int], current: int | Non
     if kind == SELECTED:
         ids = tuple(i for i in selected if i in titles)
         if not ids:
-            return AskTarget(kind, (), "Select a document in the library")
+            return AskTarget(kind, (), "Select a document in the library",
+                             problem="no document given: name one with --doc (`ellm docs` lists them)")
         if len(ids) == 1:
             return AskTarget(kind, ids, titles[ids[0]], titles[ids[0]])
         return AskTarget(kind, ids, f"{len(ids)} documents: " + name_list(ids, titles), detail(ids, titles))
     if kind == FOLDER:
         folder = chosen_folder or folder_of_document(next((d for d in docs if d["id"] == current), None))
         if folder is None:
-            return AskTarget(kind, (), "Select a document or choose a folder in the library")
+            return AskTarget(kind, (), "Select a document or choose a folder in the library",
+                             problem="no folder given: name one with --folder")
         ids = tuple(d["id"] for d in documents_in(docs, folder) if d["status"] == "ingested")
         if not ids:
-            return AskTarget(kind, (), f"No ingested documents in {short_path(folder)}", folder=folder)
+            return AskTarget(kind, (), f"No ingested documents in {short_path(folder)}", folder=folder,
+                             problem=f"{folder}: no ingested documents under this folder; "
+                                     f"`ellm ingest {folder}` first")
         # The count first: a long path is what gets cut off when the line is too narrow.
         return AskTarget(kind, ids, f"{count(len(ids))} in {short_path(folder)}",
                          folder + "\n\n" + detail(ids, titles), folder)
     if kind == EVERYTHING:
         ids = tuple(d["id"] for d in docs if d["status"] == "ingested")
         if not ids:
-            return AskTarget(kind, (), "No ingested documents yet: open a folder")
+            return AskTarget(kind, (), "No ingested documents yet: open a folder",
+                             problem="no ingested documents; `ellm ingest FOLDER` first")
         heading = f"All {len(ids)} documents" if len(ids) > 1 else f"The only document: {titles[ids[0]]}"
         return AskTarget(kind, ids, heading, detail(ids, titles))
     raise ValueError(f"unknown ask target {kind!r}; one of {', '.join(KINDS)}")

@@ -1,27 +1,20 @@
 """Choosing and opening an inference backend, shared by the CLI and the GUI.
 
-The rule for ``--engine auto``: our engine (``ellm``) when it is installed and
-implements the model's architecture (llama, qwen2); otherwise ``llamacpp``.
+The rule for ``--engine auto``: our engine (``ellm``) when it implements the model's
+architecture (app/engine/model/config.py ``SUPPORTED_ARCHITECTURES``); otherwise ``llamacpp``.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from functools import lru_cache
 from pathlib import Path
 
+from app.engine.kv.formats import KV_NAMES
+from app.engine.model.config import SUPPORTED_ARCHITECTURES
 from app.runtime.model_files import ModelError, check_gguf_header, scan_gguf, validate_model
 
-ELLM_ARCHITECTURES = ("llama", "qwen2")
-
-
-class EngineUnavailable(RuntimeError):
-    pass
-
-
-def ellm_available() -> bool:
-    return importlib.util.find_spec("app.engine.ellm_backend") is not None
+ENGINES = ("auto", "ellm", "llamacpp")   # the engine setting: auto, or a backend's name
 
 
 def choose_engine(engine: str, model_path: Path) -> str:
@@ -29,13 +22,13 @@ def choose_engine(engine: str, model_path: Path) -> str:
         return engine
     if engine != "auto":
         raise ValueError(f"unknown engine {engine!r}; choose auto, ellm or llamacpp")
-    if ellm_available() and scan_gguf(model_path).architecture in ELLM_ARCHITECTURES:
+    if scan_gguf(model_path).architecture in SUPPORTED_ARCHITECTURES:
         return "ellm"
     return "llamacpp"
 
 
 def thread_plan(threads: int = 0, numa: str = "distribute"):
-    """The thread plan of app/engine/cpu/plan.py and cpu/pinning.py for this machine: one thread per
+    """The thread plan of app/engine/cpu/plan.py for this machine: one thread per
     physical core by default, never two on SMT siblings."""
     from app.engine.cpu.plan import plan_threads
     from app.engine.cpu.topology import read_topology
@@ -51,25 +44,20 @@ _open_lock = threading.Lock()
 _cache: dict[tuple, object] = {}
 
 
-# llama.cpp's KV types for our KV settings (ggml_type ids: f16 1, q8_0 8, q4_0 2); quantized
-# V needs its flash-attention path.
-LLAMACPP_KV_TYPES = {"f16": (1, 1), "k8v8": (8, 8), "k8v4": (8, 2), "k4v4": (2, 2)}
-
-
 def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, numa: str = "distribute",
                  kv: str = "f16", attention: str = "dense"):
     """A loaded backend; one instance per (engine, model, context, threads) in a
     process, because loading costs seconds and the GUI asks many questions.
 
-    Before anything loads the file it is checked (app.models.validate_model): a
+    Before anything loads the file it is checked (model_files.validate_model): a
     file that is not GGUF, is truncated or corrupt, or needs more memory than is
     free is refused with a ModelError that says so, with the numbers."""
     check_gguf_header(model_path)
     chosen = choose_engine(engine, model_path)
     plan = thread_plan(threads, numa)
     threads = plan.count
-    if kv not in LLAMACPP_KV_TYPES:
-        raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(LLAMACPP_KV_TYPES)}")
+    if kv not in KV_NAMES:
+        raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(KV_NAMES)}")
     key = (chosen, str(model_path), n_ctx, threads, numa) + ((kv, attention) if chosen == "ellm" else (kv,))
     with _open_lock:
         if key in _cache:
@@ -83,13 +71,8 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
 
             # llama.cpp runs its own threads: the plan maps onto n_threads and its numa option.
             # Its attention is always dense; the KV setting maps onto its cache types.
-            type_k, type_v = LLAMACPP_KV_TYPES[kv]
-            backend = LlamaCppBackend(str(model_path), n_ctx=n_ctx, type_k=type_k, type_v=type_v,
-                                      flash_attn=kv != "f16", **llamacpp_kwargs(plan))
+            backend = LlamaCppBackend(str(model_path), n_ctx=n_ctx, kv=kv, **llamacpp_kwargs(plan))
         else:
-            if not ellm_available():
-                raise EngineUnavailable(
-                    "the eLLM engine is not available in this build yet; use --engine llamacpp")
             from app.engine.ellm_backend import EllmBackend
 
             backend = EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, numa=numa, kv=kv,

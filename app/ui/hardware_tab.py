@@ -1,23 +1,14 @@
 """The hardware tab: the hardware panel (app/ui/hardware_panel.py) fed with
-``app.hardware.hardware_report``, made in the background the first time the tab is
+``app.runtime.hw_report.hardware_report``, made in the background the first time the tab is
 shown (reading the topology and probing bandwidth take seconds)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QThreadPool, Signal
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.runtime.live import bytes_per_decode_token
+from app.runtime.hw_report import hardware_report
+from app.ui.hardware_panel import HardwarePanel
 from app.ui.workers import Job, JobControl, start
-
-
-def _report_fn():
-    """``app.hardware.hardware_report`` and the panel class, or None where this build lacks them."""
-    try:
-        from app.runtime.hw_report import hardware_report
-        from app.ui.hardware_panel import HardwarePanel
-    except ImportError:
-        return None
-    return hardware_report, HardwarePanel
 
 
 class HardwareTab(QWidget):
@@ -40,15 +31,13 @@ class HardwareTab(QWidget):
         self.placeholder.setAlignment(Qt.AlignCenter)
         self.placeholder.setWordWrap(True)
         self._layout.addWidget(self.placeholder)
-        self.available = _report_fn() is not None
-        self.placeholder.setText("Looking at this machine…" if self.available else
-                                 "Hardware information is not part of this build (app.runtime.hw_report is missing).")
+        self.placeholder.setText("Looking at this machine…")
 
     # ---- Public API --------------------------------------------------------
 
     def ensure_loaded(self, probe_bandwidth: bool = True) -> Job | None:
         """Start making the report unless it exists or is on its way."""
-        if not self.available or self.report is not None or self.job is not None:
+        if self.report is not None or self.job is not None:
             return self.job
         return self._refresh(probe_bandwidth)
 
@@ -56,17 +45,9 @@ class HardwareTab(QWidget):
         if self.panel is not None:
             self.panel.set_live(tok_s, gb_s)
 
-    def bytes_per_token(self, context_tokens: int) -> int | None:
-        """Bytes one decode step reads at ``context_tokens`` of context, from the report."""
-        kv = (self.report or {}).get("kv") or {}
-        if not kv.get("model_bytes"):
-            return None
-        return bytes_per_decode_token(kv["model_bytes"], kv.get("bytes_per_token") or 0, context_tokens)
-
     # ---- Internals -------------------------------------------------------------
 
     def _refresh(self, probe_bandwidth: bool) -> Job:
-        hardware_report, _ = _report_fn()
         session = self.session
         previous = self.report
 
@@ -77,7 +58,7 @@ class HardwareTab(QWidget):
             except Exception:  # no usable model: the report still describes the machine
                 model = None
             tokens = [d["tokens"] for d in session.store.documents() if d["status"] == "ingested"]
-            report = hardware_report(model_path=model, kv=getattr(s, "kv", "f16"), doc_tokens=tokens,
+            report = hardware_report(model_path=model, kv=s.kv, doc_tokens=tokens,
                                      threads=s.threads, numa_policy=s.numa, probe_bandwidth=probe_bandwidth,
                                      context=s.n_ctx)
             if not probe_bandwidth and previous and previous.get("bandwidth_gb_s") is not None:
@@ -93,7 +74,6 @@ class HardwareTab(QWidget):
         return job
 
     def _show(self, report: dict) -> None:
-        _, HardwarePanel = _report_fn()
         self.report = report
         if self.panel is None:
             self.panel = HardwarePanel(report)

@@ -12,7 +12,6 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, 
 
 from app.qa.targets import AskTarget, resolve, scope_note
 from app.qa.history import PastAnswer, history, latest
-from app.runtime.live import LiveRate
 from app.session import Session
 from app.ui.ask_pane import AskPane
 from app.ui.hardware_tab import HardwareTab
@@ -39,8 +38,6 @@ class MainWindow(QMainWindow):
         self.pending_rescan: list[str] = []  # folders that changed while an ingestion ran
         self._ingest_summary = ""
         self._last_refresh = 0.0
-        self._context_tokens = 0  # tokens of the documents being asked about, for the live GB/s
-        self.live = LiveRate()
         self.setWindowTitle("eLLM — ask your documents")
         self.resize(1200, 760)
 
@@ -210,10 +207,9 @@ class MainWindow(QMainWindow):
         return entries
 
     def ask(self, question: str) -> Job | None:
-        """Ask ``question`` about the ask pane's target: one document as `ellm ask --doc`,
-        several in one generation as `ellm ask --folder / --all` (app/qa/across.py)."""
-        from app.qa.answer import ask
-        from app.qa.across import ask_many
+        """Ask ``question`` about the ask pane's target: one document, several, a folder or
+        everything, in one generation, by the answer service `ellm ask` uses (app/qa/answer.py)."""
+        from app.qa.answer import answer
 
         if self.ask_job is not None:
             return self.ask_job
@@ -225,22 +221,18 @@ class MainWindow(QMainWindow):
         session = self.session
 
         def work(ctl: JobControl):
-            backend = session.backend()
-            common = {"model_name": session.model_path.name, "on_text": ctl.text, "cancel": ctl.cancelled}
-            if len(ids) == 1:
-                return ask(session.store, backend, question, ids, session.sampling(), **common)
-            return ask_many(session.store, backend, question, ids, session.sampling(),
-                            progress=lambda what: ctl.progress(0, 0, what), **common)
+            return answer(session.store, session.backend(), question, ids, session.sampling(),
+                          model_name=session.model_path.name, on_text=ctl.text,
+                          on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
+                          cancel=ctl.cancelled, progress=lambda what: ctl.progress(0, 0, what))
 
         job = Job(work)
         job.signals.sig_text.connect(self._streamed)
+        job.signals.sig_stats.connect(self._live_rate)
         job.signals.sig_progress.connect(self._ask_progress)
         job.signals.sig_done.connect(self._answered)
         job.signals.sig_error.connect(self.show_error)
         job.signals.sig_finished.connect(self._ask_finished)
-        self.live = LiveRate()
-        self._context_tokens = min(sum(d["tokens"] for d in (self.document(i) for i in ids) if d),
-                                   self._n_ctx())
         self.ask_pane.begin(question, len(ids))
         self.ask_pane.set_busy(True)
         self.tabs.setCurrentWidget(self.ask_pane)
@@ -326,23 +318,21 @@ class MainWindow(QMainWindow):
 
     def _streamed(self, piece: str) -> None:
         self.ask_pane.append(piece)
-        self.live.add(1)
-        tok_s = self.live.tok_s
-        if tok_s is not None:
-            per_token = self.hardware_tab.bytes_per_token(self._context_tokens)
-            gb_s = self.live.gb_s(per_token)
-            self.ask_pane.set_live(f"Generating… ≈{tok_s:.1f} tokens/s"
-                                   + (f", ≈{gb_s:.2f} GB/s read" if gb_s is not None else ""))
-            self.hardware_tab.set_live(tok_s, gb_s)
+
+    def _live_rate(self, tok_s: float, gb_s: float) -> None:
+        """The engine's own figures while it decodes (GenerationStats): tokens/s and the bytes
+        it reads per token, which sparse attention keeps far below the whole cache."""
+        if tok_s <= 0:
+            return
+        self.ask_pane.set_live(f"Generating… ≈{tok_s:.1f} tokens/s" + (f", ≈{gb_s:.2f} GB/s read" if gb_s > 0 else ""))
+        self.hardware_tab.set_live(tok_s, gb_s if gb_s > 0 else None)
 
     def _answered(self, answer) -> None:
-        extra = answer.extra or {}
-        attended = extra.get("attended") or getattr(answer, "attended", None)
         titles = self.titles()
         # Why some documents or pages were left out; else, for several, which were asked.
-        note = " ".join(n for n in (extra.get("note"), answer.plan.note) if n) or scope_note(answer.doc_ids, titles)
+        note = answer.notes or scope_note(answer.doc_ids, titles)
         self.ask_pane.show_answer(answer.question, answer.answer, answer.citations, answer.timings,
-                                  titles, note, answer.cancelled, attended)
+                                  titles, note, answer.cancelled, answer.attended)
         current = self.library.current_id()
         if current is not None:
             self.ask_pane.set_history(history(self.session.store, current, self.ask_pane.history_search.text()),
@@ -356,12 +346,6 @@ class MainWindow(QMainWindow):
         self.ask_job = None
         self.ask_pane.set_busy(False)
         self.hardware_tab.set_live(None, None)
-
-    def _n_ctx(self) -> int:
-        try:
-            return self.session.settings.n_ctx
-        except Exception:  # unreadable settings are reported when the answer starts
-            return 0
 
     def _tab_changed(self, index: int) -> None:
         if self.tabs.widget(index) is self.hardware_tab:

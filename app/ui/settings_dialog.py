@@ -4,7 +4,6 @@ the session; the defaults are Settings' own (one table). The KV quality probe
 (``ellm kv-probe``) runs from here on a document, in the background."""
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -44,10 +43,6 @@ GiB = 1 << 30
 
 PROBE_START = "KV quality probe…"
 PROBE_CANCEL = "Cancel probe"
-
-
-def settings_fields() -> set[str]:
-    return {f.name for f in fields(Settings)}
 
 
 def sparse_default(name: str) -> int:
@@ -316,7 +311,7 @@ class SettingsDialog(QDialog):
         store = self.session.store
 
         def work(ctl):  # a ProbeError's message reaches sig_error as it is
-            from app.bench.speed import PROBE_TOKENS, probe_document
+            from app.runtime.kv_probe import PROBE_TOKENS, probe_document
 
             return doc, probe_document(store, doc, model_path, kv, PROBE_TOKENS, threads, numa,
                                        progress=lambda done, total: ctl.progress(done, total, "tokens"),

@@ -21,6 +21,8 @@ class JobSignals(QObject):
     """(done, total, what) — as work advances."""
     sig_text = Signal(str)
     """A piece of streamed text (answer tokens)."""
+    sig_stats = Signal(float, float)
+    """(tokens/s, GB/s read) — the engine's own decode figures while it generates."""
     sig_done = Signal(object)
     """The function's return value."""
     sig_error = Signal(str)
@@ -39,6 +41,9 @@ class JobControl:
 
     def text(self, piece: str) -> None:
         self._emit(self._signals.sig_text, piece)
+
+    def stats(self, tok_s: float, gb_s: float) -> None:
+        self._emit(self._signals.sig_stats, float(tok_s), float(gb_s))
 
     def _emit(self, signal, *args) -> None:
         """Emit, or stop the work when nobody can hear it any more (the window that

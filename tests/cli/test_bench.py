@@ -5,8 +5,8 @@ import json
 
 from gguf import GGUFReader
 
-from app.bench.speed import kv_bytes_per_token, model_bytes
-from app.engine.kv.sizes import KVShape
+from app.engine.kv.sizes import KVShape, kv_bytes_per_token
+from app.engine.model.gguf_file import scan_gguf
 from app.runtime.model_files import default_model_path
 
 
@@ -15,12 +15,11 @@ def test_weight_bytes_count_every_matrix_once_and_one_embedding_row():
     reader = GGUFReader(path, "r")
     all_bytes = sum(int(t.n_bytes) for t in reader.tensors)
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    meta = model_bytes(path)
     # SmolLM2 ties its output to the embedding: the whole matrix is read for the logits.
-    assert meta["weights"] == all_bytes + int(embd.n_bytes) // 49152
+    assert scan_gguf(path).weight_bytes_per_token() == all_bytes + int(embd.n_bytes) // 49152
     shape = KVShape.from_gguf(path)
     assert (shape.n_layers, shape.n_kv_heads, shape.key_length, shape.value_length) == (30, 3, 64, 64)
-    assert kv_bytes_per_token(path, "f16") == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token(shape, "f16") == 2 * 30 * 3 * 64 * 2
 
 
 def test_bench_llamacpp_json_and_plot(cli, tmp_path):

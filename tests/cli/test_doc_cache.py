@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from app.runtime import engines as backends
-from app.qa.answer import ask
+from app.qa.answer import answer
 from app.settings import Paths
 from app.engine.kv.files import read_header
 from app.session import Session
@@ -25,7 +25,7 @@ def session(cli, corpus, data_dir):
 
 def _ask(session, question: str, doc: str = "treaty.pdf"):
     doc_id = session.store.find_documents(doc)[0]["id"]
-    a = ask(session.store, session.backend(), question, [doc_id], session.sampling(greedy=True, max_tokens=12))
+    a = answer(session.store, session.backend(), question, [doc_id], session.sampling(greedy=True, max_tokens=12))
     return a, doc_id
 
 
@@ -70,7 +70,7 @@ def test_a_changed_setting_or_document_gets_a_new_cache(session, cli, corpus):
     assert len(_cache_files(session)) == 2
     other = Session(session.paths, {**SETTINGS, "kv": "k8v8"})
     backends._cache.clear()
-    a = ask(other.store, other.backend(), "Who kept the lamp?", [other.store.find_documents("treaty.pdf")[0]["id"]],
+    a = answer(other.store, other.backend(), "Who kept the lamp?", [other.store.find_documents("treaty.pdf")[0]["id"]],
             other.sampling(greedy=True, max_tokens=4))
     assert a.timings["kv_cache"] == "miss"
     assert len(_cache_files(session)) == 3      # the k8v4 files stay valid for k8v4
@@ -99,7 +99,7 @@ def test_attended_passages_point_at_the_page_that_holds_the_fact(session, cli, t
     make_pdf(folder / "harbour.pdf", pages, title="Harbour minutes")
     assert cli("ingest", str(folder))[0] == 0
     doc_id = session.store.find_documents("harbour.pdf")[0]["id"]
-    a = ask(session.store, session.backend(), "What is the secret password of the harbour master?", [doc_id],
+    a = answer(session.store, session.backend(), "What is the secret password of the harbour master?", [doc_id],
             session.sampling(greedy=True, max_tokens=16))
     attended = a.as_dict()["attended"]
     assert attended and set(attended[0]) == {"doc", "page", "text", "weight"}

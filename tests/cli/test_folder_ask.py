@@ -5,7 +5,7 @@ import pytest
 
 from app.runtime import engines as backends
 from app.settings import Paths
-from app.qa.across import ask_many
+from app.qa.answer import answer
 from app.session import Session
 from tests.docs.make_samples import make_pdf
 
@@ -40,7 +40,7 @@ def _ids(session, folder):
 def test_a_question_spans_every_document_and_cites_the_right_one(folder, data_dir):
     s = _session(data_dir)
     ids = _ids(s, folder)
-    a = ask_many(s.store, s.backend(), "What is the secret password of the harbour master?", ids,
+    a = answer(s.store, s.backend(), "What is the secret password of the harbour master?", ids,
                  s.sampling(greedy=True, max_tokens=12))
     d = a.as_dict()
     assert [c["doc"] for c in d["considered"]] == ids and d["note"] == ""
@@ -55,25 +55,25 @@ def test_a_question_spans_every_document_and_cites_the_right_one(folder, data_di
 
 def test_adding_a_document_invalidates_nothing_else(folder, data_dir, cli):
     s = _session(data_dir)
-    ask_many(s.store, s.backend(), "What is on the agenda?", _ids(s, folder), s.sampling(greedy=True, max_tokens=4))
+    answer(s.store, s.backend(), "What is on the agenda?", _ids(s, folder), s.sampling(greedy=True, max_tokens=4))
     before = {p.name: p.stat().st_mtime_ns for p in (s.paths.cache_dir / "kv").glob("*.kv")}
     make_pdf(folder / "minutes9.pdf", [FILLER], title="Minutes 9")
     assert cli("ingest", str(folder))[0] == 0
     backends._cache.clear()
-    again = ask_many(s.store, s.backend(), "What is on the agenda?", _ids(s, folder),
+    again = answer(s.store, s.backend(), "What is on the agenda?", _ids(s, folder),
                      s.sampling(greedy=True, max_tokens=4))
     after = {p.name: p.stat().st_mtime_ns for p in (s.paths.cache_dir / "kv").glob("*.kv")}
     assert len(after) == 4 and all(after[name] == t for name, t in before.items())
     assert again.timings["kv_cache"] == "miss"   # the new document's cache was made
-    third = ask_many(s.store, s.backend(), "Who chaired?", _ids(s, folder), s.sampling(greedy=True, max_tokens=4))
+    third = answer(s.store, s.backend(), "Who chaired?", _ids(s, folder), s.sampling(greedy=True, max_tokens=4))
     assert third.timings["kv_cache"] == "hit"
 
 
 def test_over_the_memory_budget_the_most_relevant_documents_are_considered(folder, data_dir):
     s = _session(data_dir)
     ids = _ids(s, folder)
-    per_token = s.backend().kv_stats()["kv_bytes_per_token"]
-    a = ask_many(s.store, s.backend(), "What is the secret password of the harbour master?", ids,
+    per_token = s.backend().kv_bytes_per_token()
+    a = answer(s.store, s.backend(), "What is the secret password of the harbour master?", ids,
                  s.sampling(greedy=True, max_tokens=4), memory_budget=400 * per_token)   # one document (~320 tokens) fits
     d = a.as_dict()
     holder = s.store.find_documents("minutes1.pdf")[0]["id"]

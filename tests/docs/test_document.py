@@ -67,7 +67,7 @@ def test_document_error_message_and_pickling():
 
 
 def test_package_imports_no_qt_store_or_engine():
-    # Layering (DESIGN.md): docs sits below the services and beside store and engine.
+    # Layering (docs/ARCHITECTURE.md): docs sits below the services and beside store and engine.
     code = (
         "import sys, app.docs; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'PySide6' "

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from app.engine.attention.config import SparseConfig
+from app.engine.attention.state import AttentionState
 from app.engine.generate import prefill
 from app.engine.kv.blocked import BlockKVCache
 from app.engine.kv.files import KVFileError, load, save
@@ -87,8 +88,8 @@ def llama(tiny_model):
     return Model(tiny_model("llama"))
 
 
-def _cache(model, n_ctx=512, kv="k8v4", **attn):
-    return model.new_cache(n_ctx, KVSpec.parse(kv, block=16), SparseConfig(mode=attn.pop("mode", "dense"), **attn))
+def _cache(model, n_ctx=512, kv="k8v4"):
+    return model.new_cache(n_ctx, KVSpec.parse(kv, block=16))
 
 
 def test_resuming_at_the_checkpoint_equals_a_fresh_run(llama):
@@ -121,22 +122,23 @@ def test_saved_cache_loads_memory_mapped_and_answers_identically(llama, tmp_path
     rng = np.random.default_rng(3)
     prefix = rng.integers(3, 2000, 90).tolist()
     question = rng.integers(3, 2000, 12).tolist()
-    a = _cache(llama, mode="sparse", sinks=16, window=32, top_k=2)
-    prefill(llama, a, prefix, chunk=32)
+    sparse = SparseConfig(mode="sparse", sinks=16, window=32, top_k=2)
+    a, a_state = _cache(llama), AttentionState(sparse)
+    prefill(llama, a, prefix, chunk=32, state=a_state)
     a.set_checkpoint()
     meta = {"model": "tiny", "kv": "k8v4"}
     path = tmp_path / "doc.kv"
     save(a, path, meta)
-    want = prefill(llama, a, question, chunk=32, all_logits=True)
-    want_next = llama.forward([5], a)
+    want = prefill(llama, a, question, chunk=32, all_logits=True, state=a_state)
+    want_next = llama.forward([5], a, state=a_state)
 
-    b = _cache(llama, mode="sparse", sinks=16, window=32, top_k=2)
+    b, b_state = _cache(llama), AttentionState(sparse)
     load(b, path, meta)
     assert b.tokens == prefix
     assert all(isinstance(x, np.memmap) for x in b.base.values() if x.size)
-    got = prefill(llama, b, question, chunk=32, all_logits=True)
+    got = prefill(llama, b, question, chunk=32, all_logits=True, state=b_state)
     assert np.array_equal(got, want)
-    assert np.array_equal(llama.forward([5], b), want_next)
+    assert np.array_equal(llama.forward([5], b, state=b_state), want_next)
 
 
 def _corrupt(path, where):

@@ -136,12 +136,12 @@ def test_backend_stats_reuse_and_limits(backend):
     s = backend.stats
     assert s.prompt_tokens == len(prompt) and s.decode_tokens == len(answer) > 0
     assert s.prefill_s > 0 and s.ttft_s >= s.prefill_s and s.decode_s > 0
-    assert s.extra["reused_prompt_tokens"] == 0
+    assert s.reused_prompt_tokens == 0
     # a follow-up that extends the conversation re-reads only what is new
     follow = prompt + answer + backend.tokenize("\nAnd the shortest?", add_bos=False)
     list(backend.generate(follow, SamplingParams.make_greedy(max_tokens=2)))
     fed_back = len(answer) - (1 if len(answer) == 12 else 0)  # the last token is fed only if more follow
-    assert backend.stats.extra["reused_prompt_tokens"] == len(prompt) + fed_back
+    assert backend.stats.reused_prompt_tokens == len(prompt) + fed_back
     with pytest.raises(ValueError, match="context holds 1024"):
         backend.generate([1] * 1024, SamplingParams.make_greedy(max_tokens=2))
 

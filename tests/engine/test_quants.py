@@ -1,4 +1,4 @@
-"""QMatrix and its numba kernels, tested differentially (STYLE.md habit 4):
+"""QMatrix and its numba kernels, tested differentially (against gguf, numpy and llama.cpp):
 
 * rows()/dequantize() bit-exact against gguf.quants.dequantize, for every supported type;
 * activation quantization exactly as llama.cpp's x86 CPU backend does it, against an

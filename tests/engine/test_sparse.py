@@ -10,6 +10,7 @@ from app.engine.attention import votes as sparse_votes
 from app.engine.attention.blocks import attend_blocks
 from app.engine.attention.config import SparseConfig
 from app.engine.attention.select import select
+from app.engine.attention.state import AttentionState
 from app.engine.generate import prefill
 from app.engine.kv.formats import KVSpec
 from app.engine.model.transformer import Model
@@ -18,7 +19,8 @@ B = 16
 
 
 def _cache(model, n_ctx=1024, kv="k8v4", **attn):
-    return model.new_cache(n_ctx, KVSpec.parse(kv, block=B), SparseConfig(**attn))
+    """A blocked cache and the attention state that reads it."""
+    return model.new_cache(n_ctx, KVSpec.parse(kv, block=B)), AttentionState(SparseConfig(**attn))
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -28,22 +30,24 @@ def model(request, tiny_model):
 
 def test_sparse_equals_dense_when_the_budget_covers_the_context(model):
     tokens = np.random.default_rng(0).integers(3, 2000, 200).tolist()
-    dense = _cache(model, mode="dense")
-    sparse = _cache(model, mode="sparse", sinks=B, window=2 * B, top_k=64)
-    want = prefill(model, dense, tokens, chunk=48, all_logits=True)
-    got = prefill(model, sparse, tokens, chunk=48, all_logits=True)
+    dense, dense_state = _cache(model, mode="dense")
+    sparse, sparse_state = _cache(model, mode="sparse", sinks=B, window=2 * B, top_k=64)
+    want = prefill(model, dense, tokens, chunk=48, all_logits=True, state=dense_state)
+    got = prefill(model, sparse, tokens, chunk=48, all_logits=True, state=sparse_state)
     assert np.array_equal(got, want)
     for t in (7, 8, 9):
-        assert np.array_equal(model.forward([t], sparse), model.forward([t], dense))
+        assert np.array_equal(model.forward([t], sparse, state=sparse_state),
+                              model.forward([t], dense, state=dense_state))
 
 
 def test_a_small_budget_really_attends_less(model):
     tokens = np.random.default_rng(0).integers(3, 2000, 200).tolist()
-    dense = _cache(model, mode="dense")
-    sparse = _cache(model, mode="sparse", sinks=B, window=2 * B, top_k=1)
-    prefill(model, dense, tokens, chunk=48)
-    prefill(model, sparse, tokens, chunk=48)
-    assert not np.array_equal(model.forward([7], sparse), model.forward([7], dense))
+    dense, dense_state = _cache(model, mode="dense")
+    sparse, sparse_state = _cache(model, mode="sparse", sinks=B, window=2 * B, top_k=1)
+    prefill(model, dense, tokens, chunk=48, state=dense_state)
+    prefill(model, sparse, tokens, chunk=48, state=sparse_state)
+    assert not np.array_equal(model.forward([7], sparse, state=sparse_state),
+                              model.forward([7], dense, state=dense_state))
 
 
 def _reference_attention(model, cache, layer, q, pos):
@@ -75,14 +79,14 @@ def _reference_attention(model, cache, layer, q, pos):
 
 
 def test_dense_block_attention_matches_a_plain_numpy_reference(model):
-    cache = _cache(model, mode="dense")
-    prefill(model, cache, np.random.default_rng(1).integers(3, 2000, 100).tolist(), chunk=32)
+    cache, state = _cache(model, mode="dense")
+    prefill(model, cache, np.random.default_rng(1).integers(3, 2000, 100).tolist(), chunk=32, state=state)
     c = model.config
     rng = np.random.default_rng(2)
     q = rng.normal(0, 1, (1, c.n_heads, c.head_dim)).astype(np.float32)
     k = rng.normal(0, 1, (1, c.n_kv_heads * c.head_dim)).astype(np.float32)
     cache.update(0, 100, k, k)
-    got = attend_blocks(q, cache, 0, 100, cache.attention, model.rope, model.neox)[0]
+    got = attend_blocks(q, cache, 0, 100, state, model.rope, model.neox)[0]
     cache.commit([1])
     want = _reference_attention(model, cache, 0, q[0], 100)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
@@ -90,7 +94,7 @@ def test_dense_block_attention_matches_a_plain_numpy_reference(model):
 
 def test_selection_picks_the_block_whose_keys_match_the_query(model):
     c = model.config
-    cache = _cache(model, n_ctx=2048, mode="sparse", sinks=B, window=2 * B, top_k=1)
+    cache, state = _cache(model, n_ctx=2048, mode="sparse", sinks=B, window=2 * B, top_k=1)
     rng = np.random.default_rng(3)
     n = 28 * B          # inside the trained context (512): true distances
     keys = rng.normal(0, 1, (n, c.n_kv_heads * c.head_dim)).astype(np.float32)
@@ -112,7 +116,7 @@ def test_selection_picks_the_block_whose_keys_match_the_query(model):
         cache.update(layer, 0, keys, keys)
     cache.commit(range(n))
     cos, sin = model.rope.rows(0, n + 2)
-    sel = select(cache, 0, q, n, cache.attention, cos, sin, model.neox)
+    sel = select(cache, 0, q, n, state, cos, sin, model.neox)
     lo, hi = sel.retrieved
     assert hi - lo == 1
     assert (sel.blocks[:, lo] == planted).all()
@@ -121,19 +125,19 @@ def test_selection_picks_the_block_whose_keys_match_the_query(model):
 def test_positions_stay_inside_the_trained_window_past_it(tiny_model):
     model = Model(tiny_model("llama", context_length=128))
     cfg = dict(mode="sparse", sinks=B, window=2 * B, top_k=2)
-    cache = _cache(model, n_ctx=1200, **cfg)
+    cache, state = _cache(model, n_ctx=1200, **cfg)
     tokens = np.random.default_rng(4).integers(3, 2000, 1000).tolist()
-    logits = prefill(model, cache, tokens, chunk=64, all_logits=True)
+    logits = prefill(model, cache, tokens, chunk=64, all_logits=True, state=state)
     assert np.isfinite(logits).all()
     q = np.zeros((1, model.config.n_heads, model.config.head_dim), np.float32)
     cos, sin = model.rope.rows(0, 1100)
-    sel = select(cache, 0, q, 1000, cache.attention, cos, sin, model.neox)
+    sel = select(cache, 0, q, 1000, state, cos, sin, model.neox)
     assert sel.compressed
     assert int(sel.qpos[0]) < 128 and int(sel.place.max()) + B <= 128
     # Keys placed one after another, the query last: what the model saw in training.
     assert (np.diff(sel.place, axis=1) == B).all()
     for t in range(5):
-        out = model.forward([tokens[t]], cache)
+        out = model.forward([tokens[t]], cache, state=state)
         assert np.isfinite(out).all()
     # Stable: the logits past the window look like those inside it, not blown up.
     inside = np.abs(logits[:100]).max()
@@ -141,11 +145,11 @@ def test_positions_stay_inside_the_trained_window_past_it(tiny_model):
 
 
 def test_decode_credits_attention_mass_to_retrieved_blocks_only(model):
-    cache = _cache(model, mode="sparse", sinks=B, window=2 * B, top_k=2)
-    prefill(model, cache, np.random.default_rng(5).integers(3, 2000, 300).tolist(), chunk=64)
-    cache.reset_mass()
-    model.forward([5], cache)
-    credited = np.flatnonzero(cache.block_mass)
+    cache, state = _cache(model, mode="sparse", sinks=B, window=2 * B, top_k=2)
+    prefill(model, cache, np.random.default_rng(5).integers(3, 2000, 300).tolist(), chunk=64, state=state)
+    state.reset_mass()
+    model.forward([5], cache, state=state)
+    credited = np.flatnonzero(state.block_mass)
     assert 0 < len(credited) <= 2 * model.config.n_kv_heads * model.config.n_layers   # K per head and layer
     n_blocks = -(-301 // B)
     assert 0 not in credited and not (credited >= n_blocks - 3).any()
@@ -178,30 +182,30 @@ def _planted_cache(model, n, mass_block, peak_block, cfg):
             qr = _rotated(model, qh, n - block * B)
             for j in tokens:
                 keys[block * B + j, cols] = score * unit * qr / float(qr @ qr)
-    cache = _cache(model, n_ctx=2048, kv="f16", **cfg)
+    cache, state = _cache(model, n_ctx=2048, kv="f16", **cfg)
     for layer in range(c.n_layers):
         cache.update(layer, 0, keys, keys)
     cache.commit(range(n + 1))
-    return cache, q
+    return cache, state, q
 
 
 def test_the_question_chooses_blocks_by_attention_mass_not_by_peak(model):
     n = 30 * B                      # inside the trained context: true distances
     mass_block, peak_block = 9, 17
     cfg = dict(mode="sparse", sinks=B, window=2 * B, top_k=1)
-    cache, q = _planted_cache(model, n, mass_block, peak_block, cfg)
+    cache, state, q = _planted_cache(model, n, mass_block, peak_block, cfg)
     cos, sin = model.rope.rows(0, n + 2)
     # The key bounds (Quest) rank the single high key first ...
-    sel = select(cache, 0, q, n, cache.attention, cos, sin, model.neox)
+    sel = select(cache, 0, q, n, state, cos, sin, model.neox)
     assert (sel.blocks[:, sel.retrieved[0]] == peak_block).all()
     # ... the observed question weighs whole blocks: it reads the block with the mass,
-    cache.observe = (n, n + 1)
-    attend_blocks(q, cache, 0, n, cache.attention, model.rope, model.neox)
-    votes = cache.votes[0]                                # (KVH, candidate end)
+    state.observe = (n, n + 1)
+    attend_blocks(q, cache, 0, n, state, model.rope, model.neox)
+    votes = state.votes[0]                                # (KVH, candidate end)
     assert (votes.argmax(axis=1) == mass_block).all()
     # ... and decoding after it retrieves by those votes, with no ranking of its own.
-    cache.observe = None
-    sel = select(cache, 0, q, n + 1, cache.attention, cos, sin, model.neox)
+    state.observe = None
+    sel = select(cache, 0, q, n + 1, state, cos, sin, model.neox)
     assert (sel.blocks[:, sel.retrieved[0]] == mass_block).all()
     assert sel.blocks.shape[1] == 1 + 1 + (-(-(n + 2) // B) - votes.shape[1])   # sink, retrieved, the rest
 
@@ -214,11 +218,11 @@ def test_votes_are_the_softmax_shares_of_exact_block_masses(model, monkeypatch, 
     c = model.config
     n = 20 * B
     cfg = dict(mode="sparse", sinks=B, window=2 * B, top_k=2)
-    cache, q = _planted_cache(model, n, 5, 12, cfg)
+    cache, state, q = _planted_cache(model, n, 5, 12, cfg)
     q = np.random.default_rng(8).normal(0, 1, q.shape).astype(np.float32)
-    cache.observe = (n, n + 1)
-    attend_blocks(q, cache, 0, n, cache.attention, model.rope, model.neox)
-    votes = cache.votes[0]
+    state.observe = (n, n + 1)
+    attend_blocks(q, cache, 0, n, state, model.rope, model.neox)
+    votes = state.votes[0]
     end = votes.shape[1]
     assert end == (n + 1 - 2 * B) // B
     k, _ = cache.dequantize(0)                               # (KVH, n, HD) block frame
@@ -242,12 +246,12 @@ def test_a_question_after_a_document_keeps_its_checkpoint_and_votes_every_layer(
     b = EllmBackend(tiny_model("llama"), n_ctx=1024, kv="k8v4",
                     attention=SparseConfig(sinks=64, window=64, top_k=1, observe=8))
     doc = np.random.default_rng(9).integers(3, 2000, 640).tolist()
-    assert b.ensure_prefix(doc) == "miss"
+    assert b.ensure_prefix(doc).status == "miss"
     question = [11, 12, 13, 14, 15]
     first = list(b.generate(doc + question, SamplingParams.make_greedy(4)))
-    assert b.stats.extra["reused_prompt_tokens"] == len(doc)      # the question only: 5 < 8 observed
-    assert b.cache.observe == (len(doc), len(doc) + 5)
-    assert sorted(b.cache.votes) == list(range(b.model.config.n_layers))
+    assert b.stats.reused_prompt_tokens == len(doc)      # the question only: 5 < 8 observed
+    assert b.state.observe == (len(doc), len(doc) + 5)
+    assert sorted(b.state.votes) == list(range(b.model.config.n_layers))
     assert b.cache.checkpoint is not None and b.cache.checkpoint.n_tokens == len(doc)
     again = list(b.generate(doc + question, SamplingParams.make_greedy(4)))
-    assert again == first and b.stats.extra["reused_prompt_tokens"] == len(doc)
+    assert again == first and b.stats.reused_prompt_tokens == len(doc)

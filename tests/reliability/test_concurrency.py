@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app.qa.answer import ask
+from app.qa.answer import answer
 from app.settings import Paths, Settings
 from app.library.ingest import ingest
 from app.session import Session
@@ -56,7 +56,7 @@ def test_ingesting_while_answering(session, tmp_path, stores):
     backend = session.backend()
     # The first answer warms the model up (seconds): outside the timed part, or the
     # ingestion could be over before any answer came.
-    ask(session.store, backend, QUESTIONS[0], [doc_id], session.sampling(), save=False)
+    answer(session.store, backend, QUESTIONS[0], [doc_id], session.sampling(), save=False)
     ingest_store = session.store if stores == "shared" else Store(session.paths.db)
     errors: list[BaseException] = []
     ingest_span: list[float] = []
@@ -78,7 +78,7 @@ def test_ingesting_while_answering(session, tmp_path, stores):
     def answering():
         try:
             for q in QUESTIONS * 2:
-                ask(session.store, backend, q, [doc_id], session.sampling(), model_name="default")
+                answer(session.store, backend, q, [doc_id], session.sampling(), model_name="default")
                 answered_at.append(time.monotonic())
                 first_answer.set()
         except BaseException as e:

@@ -1,6 +1,6 @@
-"""The ask pane asks about the selected documents, a folder or everything. Several
-documents go to app/folder_ask.ask_many in one generation, one document to app/ask.ask
-as before; the fakes here record which documents each was given."""
+"""The ask pane asks about the selected documents, a folder or everything, through the one
+answer service the command line uses (app/qa/answer.py ``answer``); the fake here records
+which documents each question was given."""
 from __future__ import annotations
 
 import os
@@ -20,21 +20,19 @@ NOTE = "The 2 documents need 90 MB of KV cache, more than the memory budget of 5
 
 @pytest.fixture
 def services(monkeypatch, session):
-    """ask and ask_many replaced by fakes (same signatures) that record their documents in
-    ``.calls``; ask_many reports progress, streams, cites ``.cite`` (doc, page, passage)
-    and stores its answer under the documents it cites, as the real one stores those it considered."""
+    """The answer service replaced by a fake (same signature) that records its documents in
+    ``.calls``. For one document it answers plainly; for several it reports progress, streams,
+    cites ``.cite`` (doc, page, passage) and stores its answer under the documents it cites, as
+    the real one stores those it considered."""
     fakes = SimpleNamespace(calls=[], cite=[])
     calls = fakes.calls
 
-    def fake_ask(store, backend, question, doc_ids, params, model_name="", on_text=None, cancel=None,
-                 save=True, caches=None):
-        calls.append(("ask", list(doc_ids)))
-        on_text("One document.")
-        return Answer(question, "One document.", [], {}, ContextPlan(), "fake", model_name, list(doc_ids))
-
-    def fake_ask_many(store, backend, question, doc_ids, params, model_name="", on_text=None, cancel=None,
-                      save=True, progress=None, memory_budget=None):
-        calls.append(("ask_many", list(doc_ids)))
+    def fake_answer(store, backend, question, doc_ids, params, model_name="", on_text=None, on_stats=None,
+                    cancel=None, progress=None, save=True, memory_budget=None, caches=None):
+        calls.append(("answer", list(doc_ids)))
+        if len(doc_ids) == 1:
+            on_text("One document.")
+            return Answer(question, "One document.", [], {}, ContextPlan(), "fake", model_name, list(doc_ids))
         progress(f"reading document {doc_ids[0]} (1 of {len(doc_ids)}, 50 tokens)")
         text = "The budget is 12 million euros [p. 1]; Marta Quill kept the lamp [p. 2]."
         for word in text.split(" "):
@@ -42,14 +40,11 @@ def services(monkeypatch, session):
         citations = [{"doc": d, "page": p, "text": t} for d, p, t in fakes.cite]
         considered = sorted({c["doc"] for c in citations}) or list(doc_ids)
         answer = Answer(question, text, citations, {"prompt_tokens": 90}, ContextPlan(), "fake", model_name,
-                        considered, extra={"note": NOTE, "considered": [{"doc": d} for d in considered]})
+                        considered, considered=[{"doc": d} for d in considered], note=NOTE)
         answer.answer_id = store.add_answer(considered, question, text, citations, model_name, "fake", {})
         return answer
 
-    import app.qa.across  # noqa: F401  bound to the real ask before it is replaced here
-
-    monkeypatch.setattr("app.qa.answer.ask", fake_ask)
-    monkeypatch.setattr("app.qa.across.ask_many", fake_ask_many)
+    monkeypatch.setattr("app.qa.answer.answer", fake_answer)
     monkeypatch.setattr(session, "backend", lambda: None)  # no model is loaded
     return fakes
 
@@ -95,33 +90,33 @@ def test_each_target_sends_its_documents_to_the_service(qtbot, window, services,
     titles = window.titles()
     assert pane.heading.text() == "2 documents: " + "; ".join(titles[i] for i in sorted([treaty, notes]))
     ask_and_wait(qtbot, window, "What is in them?")
-    assert services.calls[-1] == ("ask_many", sorted([treaty, notes]))
+    assert services.calls[-1] == ("answer", sorted([treaty, notes]))
 
     # ---- This folder: the current document's folder, its ingested documents only
     choose(window, FOLDER)
     assert pane.heading.text() == f"4 documents in {short_path(str(corpus))}"
     ask_and_wait(qtbot, window, "What is in the folder?")
-    assert services.calls[-1] == ("ask_many", [i for i in readable if i != diary])
+    assert services.calls[-1] == ("answer", [i for i in readable if i != diary])
 
     # ---- Everything
     choose(window, EVERYTHING)
     assert pane.heading.text() == "All 5 documents"
     ask_and_wait(qtbot, window, "What is in the library?")
-    assert services.calls[-1] == ("ask_many", readable)
+    assert services.calls[-1] == ("answer", readable)
 
     # ---- One selected document: today's single-document path
     choose(window, SELECTED)
     library.select_id(treaty)
     assert pane.heading.text() == "River Treaty History"
     ask_and_wait(qtbot, window, "Who kept the lamp?")
-    assert services.calls[-1] == ("ask", [treaty])
+    assert services.calls[-1] == ("answer", [treaty])
 
     # ---- This folder follows the library's folder filter; a folder of one is one document
     choose(window, FOLDER)
     library.choose_folder(str(other))
     assert pane.heading.text() == f"1 document in {short_path(str(other))}"
     ask_and_wait(qtbot, window, "Did it rain?")
-    assert services.calls[-1] == ("ask", [diary])
+    assert services.calls[-1] == ("answer", [diary])
     assert len(services.calls) == 5
 
 
@@ -140,7 +135,7 @@ def test_an_answer_across_documents_shows_progress_note_and_opens_each_cited_doc
 
     answer, pieces = ask_and_wait(qtbot, window, "What is the budget and who kept the lamp?")
     first, last = sorted([treaty, notes])
-    assert services.calls == [("ask_many", [first, last])]
+    assert services.calls == [("answer", [first, last])]
     assert live[0] == f"Reading document {first} (1 of 2, 50 tokens)…"
     assert "".join(pieces).strip() == answer.answer
     assert pane.note.isVisibleTo(pane) and pane.note.text() == f"Note: {NOTE}"

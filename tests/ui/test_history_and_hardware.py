@@ -2,10 +2,10 @@
 passages when an answer has them, and the hardware tab with live speed."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 from PySide6.QtCore import Qt, QUrl
 
+from app.engine.backend import GenerationStats
 from app.qa.answer import Answer
 from app.qa.pages import ContextPlan
 from tests.ui.helpers import ask_and_wait, doc_id, ingest
@@ -66,7 +66,7 @@ def test_attention_grounded_passages_are_shown_when_present(qtbot, window, corpu
 
     attended = [{"doc": treaty, "page": 3, "text": "The treaty ended in 1901"}]
     grounded = Answer("Q?", "A.", [], {}, ContextPlan([], 0, 0, 0, 3), "ellm", "m", [treaty],
-                      extra={"attended": attended})
+                      attended=attended)
     window._answered(grounded)
     assert not pane.attended.isHidden() and pane.attended.count() == 1
     assert pane.attended.item(0).text() == "p. 3 — River Treaty History\n“The treaty ended in 1901”"
@@ -79,20 +79,20 @@ def test_attention_grounded_passages_are_shown_when_present(qtbot, window, corpu
 
 def test_hardware_tab_embeds_the_panel_and_shows_live_speed(qtbot, window, session, monkeypatch):
     tab = window.hardware_tab
-    assert tab.available and tab.panel is None
+    assert tab.placeholder.text() == "Looking at this machine…" and tab.panel is None
     assert tab.ensure_loaded(probe_bandwidth=False) is not None  # the report is on its way
     qtbot.waitUntil(lambda: tab.job is None, timeout=120_000)
     assert tab.panel is not None and tab.panel.isVisibleTo(tab) and tab.placeholder.isHidden()
     kv = tab.report["kv"]
     assert kv["model_bytes"] > 50_000_000 and kv["bytes_per_token"] > 0
-    assert tab.bytes_per_token(1000) == kv["model_bytes"] + 1000 * kv["bytes_per_token"]
 
-    # while an answer streams the panel shows tokens/s and the bytes they imply
-    window.live = SimpleNamespace(add=lambda n: None, tok_s=10.0, gb_s=lambda per_token: 10.0 * per_token / 1e9)
+    # while an answer streams the panel shows the engine's own figures (GenerationStats):
+    # tokens/s and the bytes each decode step reads
     window.ask_pane.begin("Q?")
-    window._context_tokens = 1000
-    window._streamed("word")
-    expected_gb_s = 10.0 * tab.bytes_per_token(1000) / 1e9
+    stats = GenerationStats(decode_tokens=11, decode_s=1.0, weight_bytes_per_token=kv["model_bytes"],
+                            kv_read_bytes_per_token=1000 * kv["bytes_per_token"])
+    window._live_rate(stats.decode_tok_s, stats.read_gb_s)
+    expected_gb_s = 10.0 * (kv["model_bytes"] + 1000 * kv["bytes_per_token"]) / 1e9
     assert tab.panel.live.text().startswith(f"Live: 10.0 tok/s, {expected_gb_s:.2f} GB/s")
     assert window.ask_pane.stats.text() == f"Generating… ≈10.0 tokens/s, ≈{expected_gb_s:.2f} GB/s read"
     window._ask_finished()

@@ -55,7 +55,7 @@ def test_the_probe_runs_on_the_selected_document_and_shows_its_result(qtbot, win
 
 
 def test_the_probe_can_be_cancelled(qtbot, window, corpus, tiny_models, monkeypatch):
-    import app.bench.speed
+    import app.runtime.kv_probe
 
     started = threading.Event()
 
@@ -65,7 +65,7 @@ def test_the_probe_can_be_cancelled(qtbot, window, corpus, tiny_models, monkeypa
         while not cancel():
             time.sleep(0.01)
 
-    monkeypatch.setattr(app.bench.speed, "probe_document", endless)
+    monkeypatch.setattr(app.runtime.kv_probe, "probe_document", endless)
     ingest(qtbot, window, corpus)
     dialog = dialog_with_model(qtbot, window, tiny_models["llama"])
     qtbot.mouseClick(dialog.kv_probe_button, Qt.LeftButton)

@@ -1,12 +1,12 @@
 """The Qt-free logic behind the window (app/library/passages.py, app/library/folders.py,
-app/runtime/live.py, app/qa/history.py), tested without a window."""
+the engine's GenerationStats, app/qa/history.py), tested without a window."""
 from __future__ import annotations
 
 import pymupdf
 
 from app.library.folders import documents_in, folder_of, folders_to_rescan, watch_targets
 from app.qa.history import history, latest
-from app.runtime.live import LiveRate, bytes_per_decode_token
+from app.engine.backend import GenerationStats
 from app.library.passages import Block, align, locate_in_pdf_words, locate_passage, page_blocks
 from app.store import Store
 from tests.docs.make_samples import make_pdf
@@ -66,18 +66,15 @@ def test_folders_watch_targets_and_rescans(tmp_path):
     assert documents_in(docs, None) == docs and documents_in(docs, str(root)) == docs[:1]
 
 
-def test_live_rate_counts_from_the_first_piece():
-    now = iter([10.0, 10.5, 11.0, 12.0])
-    rate = LiveRate(clock=lambda: next(now))
-    assert rate.tok_s is None and rate.gb_s(1000) is None
-    rate.add()  # the first token: its latency is prefill
-    assert rate.tok_s is None
-    rate.add()
-    rate.add()
-    rate.add()
-    assert rate.tok_s == 3 / 2.0
-    assert rate.gb_s(2_000_000_000) == 3.0 and rate.gb_s(None) is None
-    assert bytes_per_decode_token(100, 10, 5) == 150
+def test_live_rate_is_the_engines_own_decode_figures():
+    stats = GenerationStats()
+    assert stats.decode_tok_s == 0 and stats.read_gb_s == 0          # nothing decoded yet
+    stats = GenerationStats(decode_tokens=1, decode_s=0.5)
+    assert stats.decode_tok_s == 0                                  # the first token comes from prefill
+    stats = GenerationStats(decode_tokens=4, decode_s=2.0, weight_bytes_per_token=1_500_000_000,
+                            kv_read_bytes_per_token=500_000_000)
+    assert stats.decode_tok_s == 3 / 2.0
+    assert stats.bytes_per_decode_token == 2_000_000_000 and stats.read_gb_s == 3.0
 
 
 def test_history_per_document_and_search(tmp_path):

@@ -21,67 +21,69 @@ from ..ops.f16 import f16_to_f32
 from ..ops.rope import rotate, rotate_vec
 from ..quant import blas
 from ..quant.layout import chunk_groups, num_threads
-from .config import SparseConfig
+from .state import AttentionState
 from .select import Selection, nominal_distance, select
 from .votes import observed_attention, observing
 
 _NEG_INF = np.float32(-np.inf)
 
 
-def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg: SparseConfig,
+def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState,
                   rope, neox: bool) -> np.ndarray:
     """Attention of queries q (T, H, HD) float32 (before RoPE) at positions pos0.. over the
     cache of ``layer``, which already holds their keys and values. Returns (T, H, HD) float32.
 
     rope: the model's RopeTables (cos/sin by position). The last prompt tokens (the question,
-    ``cache.observe``) choose their blocks by exact attention mass and vote for the blocks
+    ``state.observe``) choose their blocks by exact attention mass and vote for the blocks
     decoding reads (attention/votes.py).
     """
+    state.follow(cache)
+    cfg = state.config
     n_tok, _, head_dim = q.shape
     n = pos0 + n_tok
-    first = observing(cache, cfg, pos0, n_tok)
+    first = observing(state, pos0, n_tok)
     if first is not None:
         cos, sin = rope.rows(0, max(n, nominal_distance(cfg, cache.block)) + cache.block + 1)
         a = cache.arrays(layer)
         scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
 
         def attend_one(q_t, n_limit, sel):
-            return _decode(q_t, a, cache, n, n_limit, sel, cos, sin, neox, scale)
+            return _decode(q_t, a, cache, state, n, n_limit, sel, cos, sin, neox, scale)
 
         with blas.one_blas_thread():
-            tail = observed_attention(q[first:], cache, layer, pos0 + first, cfg, cos, sin, neox, attend_one)
+            tail = observed_attention(q[first:], cache, layer, pos0 + first, state, cos, sin, neox, attend_one)
         if tail is not None:
             if first == 0:
                 return tail
             out = np.empty(q.shape, np.float32)                     # (T, H, HD)
             out[first:] = tail
-            out[:first] = _attend(q[:first], cache, layer, pos0, cfg, rope, neox, n)
+            out[:first] = _attend(q[:first], cache, layer, pos0, state, rope, neox, n)
             return out
-    return _attend(q, cache, layer, pos0, cfg, rope, neox, n)
+    return _attend(q, cache, layer, pos0, state, rope, neox, n)
 
 
-def _attend(q, cache: BlockKVCache, layer: int, pos0: int, cfg: SparseConfig, rope, neox: bool,
+def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState, rope, neox: bool,
             n: int) -> np.ndarray:
     """attend_blocks for queries at pos0.. when the cache holds ``n`` tokens (>= pos0 + T:
     the later ones are masked)."""
     n_tok, _, head_dim = q.shape
     cos, sin = rope.rows(0, n + 1)
-    sel = _selection(cache, layer, q, pos0, cfg, cos, sin, neox)
+    sel = _selection(cache, layer, q, pos0, state, cos, sin, neox)
     need = int(max(sel.place.max(initial=0), sel.qpos.max(initial=0))) + cache.block + 1
     if need > cos.shape[0]:
         cos, sin = rope.rows(0, need)
     scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
     a = cache.arrays(layer)
     if n_tok == 1:
-        return _decode(q, a, cache, n, pos0 + 1, sel, cos, sin, neox, scale)
+        return _decode(q, a, cache, state, n, pos0 + 1, sel, cos, sin, neox, scale)
     if sel.ranked and n_tok <= PER_QUERY_MAX:
         # A short chunk (a question after a cached document) chooses blocks query by query,
         # as decoding does: a chunk-wide mean query would let the question's tokens share
         # one choice with everything else in the chunk.
         out = np.empty(q.shape, np.float32)                        # (T, H, HD)
         for t in range(n_tok):
-            sel_t = select(cache, layer, q[t:t + 1], pos0 + t, cfg, cos, sin, neox)
-            out[t] = _decode(q[t:t + 1], a, cache, n, pos0 + t + 1, sel_t, cos, sin, neox, scale)[0]
+            sel_t = select(cache, layer, q[t:t + 1], pos0 + t, state, cos, sin, neox)
+            out[t] = _decode(q[t:t + 1], a, cache, state, n, pos0 + t + 1, sel_t, cos, sin, neox, scale)[0]
         return out
     return _prefill(q, a, cache, pos0, n, sel, cos, sin, neox, scale)
 
@@ -89,28 +91,29 @@ def _attend(q, cache: BlockKVCache, layer: int, pos0: int, cfg: SparseConfig, ro
 PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
 
 
-def _selection(cache, layer, q, pos0, cfg, cos, sin, neox) -> Selection:
-    """select(), or during decode the previous step's blocks for up to ``cfg.reselect`` steps
+def _selection(cache, layer, q, pos0, state: AttentionState, cos, sin, neox) -> Selection:
+    """select(), or during decode the previous step's blocks for up to ``reselect`` steps
     while the new token stays in the same (last) block."""
+    cfg = state.config
     if q.shape[0] > 1 or cfg.reselect == 1 or cfg.mode == "dense":
-        cache.selection.pop(layer, None)
-        return select(cache, layer, q, pos0, cfg, cos, sin, neox)
-    prev = cache.selection.get(layer)
+        state.selection.pop(layer, None)
+        return select(cache, layer, q, pos0, state, cos, sin, neox)
+    prev = state.selection.get(layer)
     if prev is not None and pos0 - prev[0] < cfg.reselect and pos0 // cache.block == int(prev[1].blocks[0, -1]):
         old = prev[1]
         ns = old.blocks.shape[1]
         qpos = (ns - 1) * cache.block + pos0 % cache.block if old.compressed else pos0
         return Selection(old.blocks, old.place, np.array([qpos], np.int64), old.compressed, old.retrieved,
                          old.ranked)
-    sel = select(cache, layer, q, pos0, cfg, cos, sin, neox)
-    cache.selection[layer] = (pos0, sel)
+    sel = select(cache, layer, q, pos0, state, cos, sin, neox)
+    state.selection[layer] = (pos0, sel)
     return sel
 
 
 # ---- Decode ---------------------------------------------------------------------------------
 
 
-def _decode(q, a, cache: BlockKVCache, n, n_limit, sel: Selection, cos, sin, neox, scale):
+def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: Selection, cos, sin, neox, scale):
     """One query over its selected blocks: ``n`` tokens are stored, the query sees the first
     ``n_limit`` of them (causal)."""
     n_heads, head_dim = q.shape[1], q.shape[2]
@@ -121,7 +124,7 @@ def _decode(q, a, cache: BlockKVCache, n, n_limit, sel: Selection, cos, sin, neo
     bsum = np.empty((n_heads, ns), np.float32)                 # (H, NS) block exp-sum
     _decode_kernel(q[0], *a, cache.nb_base, n, n_limit, cache.spec.k_bits, cache.spec.v_bits,
                    sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox, scale, n_split,
-                   out[0], bmax, bsum, cache.block_mass, sel.retrieved[0], sel.retrieved[1])
+                   out[0], bmax, bsum, state.block_mass, sel.retrieved[0], sel.retrieved[1])
     return out
 
 

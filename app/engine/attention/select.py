@@ -1,4 +1,4 @@
-"""Sparse retrieval attention over the blocked KV cache (DESIGN.md, "Sparse retrieval attention").
+"""Sparse retrieval attention over the blocked KV cache (docs/ARCHITECTURE.md, "Sparse attention reads what the question needs").
 
 A query attends exactly to the union of: the blocks holding the first S tokens (attention
 sinks, Xiao et al. 2023 "StreamingLLM"), the blocks holding the last W tokens (local window),
@@ -32,6 +32,7 @@ from ..kv.blocked import BlockKVCache
 from ..ops.f16 import f16_to_f32
 from ..ops.rope import rotate, rotate_vec
 from .config import SparseConfig
+from .state import AttentionState
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Selection:
 # ---- Selection ------------------------------------------------------------------------------
 
 
-def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: SparseConfig,
+def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: AttentionState,
            cos: np.ndarray, sin: np.ndarray, neox: bool, scores: np.ndarray | None = None,
            first_local: int | None = None) -> Selection:
     """The blocks queries q (T, H, HD) float32 (before RoPE) at positions pos0.. attend.
@@ -61,6 +62,7 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: Spars
     A decoding query (T = 1) of a layer with votes (attention/votes.py) ranks by the votes, and
     every block after the voted ones (the question, the answer so far) is local.
     """
+    cfg = state.config
     n_tok = q.shape[0]
     B = cache.block
     n = pos0 + n_tok                      # tokens in the cache, these queries included
@@ -71,7 +73,7 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: Spars
     dense = cfg.mode == "dense" or (layer < cfg.dense_layers and not compressed)
     if first_local is None:
         first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
-    voted = cache.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
+    voted = state.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
     if voted is not None and voted.shape[1] <= first_local:
         first_local, scores = voted.shape[1], voted
     n_sink = min(-(-cfg.sinks // B), first_local)
@@ -91,9 +93,9 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, cfg: Spars
     if not ranked:
         top = _NO_TOP
     elif voted is not None:   # the votes stay put while decoding: rank them once
-        kept = cache.vote_top.get(layer)
+        kept = state.vote_top.get(layer)
         if kept is None or kept[0] is not voted or kept[1].shape[1] != n_chosen:
-            kept = cache.vote_top[layer] = (voted, _top_k(scores, n_chosen))
+            kept = state.vote_top[layer] = (voted, _top_k(scores, n_chosen))
         top = kept[1]
     else:
         top = _top_k(scores, n_chosen)

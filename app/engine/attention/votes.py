@@ -37,14 +37,15 @@ from ..ops.rope import rotate, rotate_vec
 from ..quant import blas  # noqa: F401  (scipy's cython BLAS, which numba's np.dot needs)
 from ..quant.layout import chunk_groups, num_threads
 from .config import SparseConfig
+from .state import AttentionState
 from .select import nominal_distance, select
 
 _NEG_INF = np.float32(-np.inf)
 
 
-def observing(cache: BlockKVCache, cfg: SparseConfig, pos0: int, n_tok: int) -> int | None:
+def observing(state: AttentionState, pos0: int, n_tok: int) -> int | None:
     """Index of the first query of the chunk [pos0, pos0 + n_tok) that votes, or None."""
-    obs = cache.observe
+    obs, cfg = state.observe, state.config
     if obs is None or cfg.mode != "sparse" or cfg.observe == 0:
         return None
     start, end = obs
@@ -59,14 +60,15 @@ def candidate_end(cache: BlockKVCache, cfg: SparseConfig, n: int, pos0: int) -> 
     return max(0, min((n - cfg.window) // cache.block, pos0 // cache.block))
 
 
-def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, cfg: SparseConfig,
+def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState,
                        cos: np.ndarray, sin: np.ndarray, neox: bool, attend_one) -> np.ndarray | None:
     """Attention of the observed queries q (T, H, HD) float32 at pos0.. (before RoPE), each
-    over its own top-K blocks by exact mass; adds their votes to ``cache.votes[layer]``.
+    over its own top-K blocks by exact mass; adds their votes to ``state.votes[layer]``.
     Returns (T, H, HD) float32, or None when there is nothing to rank (everything fits).
 
     attend_one(q_t (1, H, HD), n_limit, selection) -> (1, H, HD): the decode kernel.
     """
+    cfg = state.config
     n_tok, n_heads, head_dim = q.shape
     B = cache.block
     n = pos0 + n_tok
@@ -99,29 +101,29 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
         qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
         _log_mass(a[0], a[1], a[4], a[5], cache.nb_base, cache.spec.k_bits, h, cand, place,
                   cos, sin, neox, qh, scale, PIECE, n_parts, mass[h])
-    _add_votes(cache, layer, mass, n_sink, end)
+    _add_votes(state, layer, mass, n_sink, end)
     out = np.empty(q.shape, np.float32)                                      # (T, H, HD)
     per_query = mass.reshape(kvh, n_tok, group, n_cand).max(axis=2)          # (KVH, T, NC)
     for t in range(n_tok):
         p = pos0 + t
         first_local = min(end, max(0, (p + 1 - cfg.window) // B))
-        sel = select(cache, layer, q[t:t + 1], p, cfg, cos, sin, neox,
+        sel = select(cache, layer, q[t:t + 1], p, state, cos, sin, neox,
                      scores=per_query[:, t], first_local=first_local)
         out[t] = attend_one(q[t:t + 1], p + 1, sel)[0]
     return out
 
 
-def _add_votes(cache: BlockKVCache, layer: int, mass: np.ndarray, n_sink: int, end: int) -> None:
+def _add_votes(state: AttentionState, layer: int, mass: np.ndarray, n_sink: int, end: int) -> None:
     """votes[layer][h, b] += sum over the observed query heads of h of the share of block b in
     their softmax over the candidate blocks. mass  # (KVH, T*G, NC) float32 log-masses."""
     share = np.exp(mass - mass.max(axis=2, keepdims=True))
     share /= share.sum(axis=2, keepdims=True)
-    prev = cache.votes.get(layer)
+    prev = state.votes.get(layer)
     votes = np.zeros((mass.shape[0], max(end, 0 if prev is None else prev.shape[1])), np.float32)
     if prev is not None:
         votes[:, :prev.shape[1]] = prev
     votes[:, n_sink:end] += share.sum(axis=1)
-    cache.votes[layer] = votes
+    state.votes[layer] = votes
 
 
 PIECE = 64  # blocks per piece: 4,096 keys x 64 dims decoded (1 MB), then one sgemm with the queries

@@ -1,6 +1,6 @@
 """Memory read bandwidth: what the machine can stream, and what a decode step achieved.
 
-Decode speed is ``read bandwidth / bytes moved per token`` (DESIGN.md, "Performance is counted
+Decode speed is ``read bandwidth / bytes moved per token`` (docs/ARCHITECTURE.md, "Performance is counted
 in bytes"). ``probe_read_bandwidth`` measures the first number with the same tools the engine
 uses (numba, all its threads); ``achieved_gb_s`` turns a decode's bytes per token and tokens/s
 into the second, so the two can be printed side by side.
@@ -80,7 +80,7 @@ def probe_read_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, repeats: int = DEFAU
 
 @dataclass(frozen=True)
 class DecodeBytes:
-    """Bytes one decode step reads (DESIGN.md: weights + KV + metadata)."""
+    """Bytes one decode step reads (docs/ARCHITECTURE.md: weights + KV + metadata)."""
 
     weights: int
     kv: int

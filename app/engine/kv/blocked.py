@@ -1,6 +1,6 @@
 """BlockKVCache: keys and values in blocks of B tokens, quantized, token-contiguous.
 
-Layout (DESIGN.md, "KV cache"): ``[layer][kv_head][block][token][head_dim]``, so reading a
+Layout (docs/ARCHITECTURE.md, "The KV cache is token-contiguous and quantized"): ``[layer][kv_head][block][token][head_dim]``, so reading a
 block is one sequential sweep. Formats are in app/engine/kv/formats.py: keys quantized per
 channel inside a block with f16 (lo, hi) bounds that double as the block's representative
 for sparse attention; values per token with one f16 scale.
@@ -73,15 +73,9 @@ class BlockKVCache:
         self.tail_v = np.zeros((L, KVH, self.block, HD), np.uint16)  # (L, KVH, B, HD) f16 bits
         self.tokens: list[int] = []
         self.checkpoint: _Checkpoint | None = None
-        # Attention mass per block, summed over layers and heads while decoding (citations).
-        self.block_mass = np.zeros(self.n_blocks_cap, np.float64)  # (NB,) float64
-        self.selection: dict[int, tuple] = {}   # layer -> (step, selection) for re-use
-        # Question-aware choice (attention/votes.py): prompt positions [start, end) whose queries
-        # vote, and per layer the votes (KVH, end block) float32 that decoding ranks blocks by.
-        self.observe: tuple[int, int] | None = None
-        self.votes: dict[int, np.ndarray] = {}
-        self.vote_top: dict[int, tuple] = {}   # layer -> (votes, (KVH, K) their top blocks)
-        self.attention = None   # the SparseConfig the model attends with (Model.new_cache sets it)
+        # Bumped whenever tokens are forgotten or the contents replaced, so that what attention
+        # chose for the old contents (attention/state.py) is not used for the new.
+        self.generation = 0
 
     # ---- State ----------------------------------------------------------------------
 
@@ -132,16 +126,15 @@ class BlockKVCache:
             self.tail_v[...] = cp.tail_v
         self.nb_base = min(self.nb_base, n // self.block)
         del self.tokens[n:]
-        self.selection.clear()
-        self.votes.clear()
+        self.generation += 1
         if cp is not None and cp.n_tokens > n:
             self.checkpoint = None
         return n
 
     def clear(self) -> None:
         self.truncate(0)
-        self.votes.clear()
         self.drop_base()
+        self.generation += 1
 
     def drop_base(self) -> None:
         if self.nb_base == 0 and all(a.shape[2] == 0 for a in self.base.values()):
@@ -164,9 +157,6 @@ class BlockKVCache:
         for name, a in self.own.items():
             own[name][:, :, self.nb_base:n_full] = a[:, :, self.nb_base:n_full]
         self.own = own
-        mass = np.zeros(cap, np.float64)
-        mass[:self.n_blocks_cap] = self.block_mass
-        self.block_mass = mass
         self.n_blocks_cap = cap
         self.n_ctx = n_ctx
 
@@ -174,9 +164,6 @@ class BlockKVCache:
         """Remember this point (e.g. the end of a document prefix) so that a later prompt that
         shares it resumes here exactly, even in the middle of a block."""
         self.checkpoint = _Checkpoint(self.n_tokens, self.tail_k.copy(), self.tail_v.copy())
-
-    def reset_mass(self) -> None:
-        self.block_mass[:] = 0.0
 
     # ---- Writing ----------------------------------------------------------------------
 

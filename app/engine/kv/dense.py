@@ -1,6 +1,6 @@
 """KVCache: keys and values of every processed token, in f16, like llama.cpp's default cache.
 
-This is the simple dense layout; the blocked, quantized layout of DESIGN.md ("KV cache")
+This is the simple dense layout; the blocked, quantized layout (kv/blocked.py)
 replaces it later behind the same ``update`` / ``attend`` boundary (app/engine/attention/dense.py).
 """
 from __future__ import annotations

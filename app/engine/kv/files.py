@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend import CacheFileError
 from .blocked import BlockKVCache
 
 MAGIC = b"ELLMKV\x00\x01"
@@ -35,7 +36,7 @@ _DATA_START_ALIGN = 4096
 _CRC_CHUNK = 16 << 20
 
 
-class KVFileError(ValueError):
+class KVFileError(CacheFileError):
     """A persisted KV cache that cannot be used (names the file and the problem)."""
 
 
@@ -210,5 +211,5 @@ def append(cache: BlockKVCache, path: str | os.PathLike, meta: dict, skip: int =
     for name, src in probe.base.items():
         cache.own[name][:, :, start:start + n_full - first] = src[:, :, first:n_full]
     cache.tokens.extend(probe.tokens[skip:])
-    cache.selection.clear()
+    cache.generation += 1
     return n_tokens - skip

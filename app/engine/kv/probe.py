@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attention.config import SparseConfig
 from ..model.transformer import Model
 from .formats import KVSpec
 
@@ -54,7 +53,7 @@ def probe(model: Model, tokens: Sequence[int], spec: KVSpec, chunk: int = PROBE_
     if n < 2:
         raise ValueError("the KV probe needs at least 2 tokens")
     ref_cache = model.new_cache(n)
-    test_cache = model.new_cache(n, spec, SparseConfig(mode="dense"))
+    test_cache = model.new_cache(n, spec)         # attended densely
     kls, agree = [], 0
     for i in range(0, n, chunk):
         if cancel is not None and cancel():

@@ -1,19 +1,23 @@
-"""KV cache sizes: bytes per token, the largest context that fits, the context to recommend.
+"""KV cache sizes, the one place they are computed: bytes stored per token (ours and
+llama.cpp's cache types), bytes one decode step reads, the largest context that fits in free
+memory and the context to recommend.
 
-Bytes per token (DESIGN.md, "KV cache"):
+Bytes per token:
     layers x kv_heads x (key_length x bytes_k + value_length x bytes_v)
 which is ``2 x layers x kv_heads x head_dim x bytes_per_element`` for llama.cpp's f16 cache.
 The quantized settings add their scales and bounds as app/engine/kv/formats.py lays them out.
+The weights a decode step streams come from the file's tensor table
+(model/gguf_file.py ``GGUFLayout.weight_bytes_per_token``).
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.gguf_file import GGUFError, GGUFLayout, scan_gguf
 from .formats import KV_NAMES, KVSpec, dense_f16_bytes_per_token
 
 KV_SETTINGS = KV_NAMES          # the setting names, smallest error first
@@ -37,99 +41,37 @@ class KVShape:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "KVShape":
-        st = os.stat(path)
-        return _shape_from_gguf(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        """From a model file's header (model/gguf_file.py, cached): milliseconds, no load."""
+        return cls.from_layout(scan_gguf(path))
 
+    @classmethod
+    def from_layout(cls, layout: GGUFLayout) -> "KVShape":
+        meta, arch = layout.metadata, layout.architecture
+        if "general.architecture" not in meta:
+            raise GGUFError("no general.architecture in the GGUF metadata")
 
-# GGUF value types (gguf-py constants.GGUFValueType) -> struct format of a scalar.
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-                 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
+        def largest(key, default=None):
+            # per-layer values (hybrid models) come as tuples: the largest is what memory needs
+            value = meta.get(f"{arch}.{key}", default)
+            return max(value) if isinstance(value, tuple) else value
 
+        n_heads = largest("attention.head_count")
+        n_kv = largest("attention.head_count_kv", n_heads)
+        key_length = largest("attention.key_length")
+        if key_length is None:
+            key_length = meta[f"{arch}.embedding_length"] // n_heads
+        return cls(n_layers=int(meta[f"{arch}.block_count"]), n_kv_heads=int(n_kv), key_length=int(key_length),
+                   value_length=int(largest("attention.value_length", key_length)),
+                   context_length=layout.context_length)
 
-def read_gguf_scalars(path: str | os.PathLike) -> dict:
-    """The scalar and string metadata of a GGUF file (arrays are skipped, not read).
+    @classmethod
+    def from_config(cls, config) -> "KVShape":
+        """From a loaded model's ModelConfig."""
+        return cls(config.n_layers, config.n_kv_heads, config.head_dim, config.head_dim, config.context_length)
 
-    gguf.GGUFReader builds numpy views of every metadata array, the whole vocabulary
-    included, which takes seconds on a small machine; the KV calculator needs five integers.
-    Layout: GGUF spec (ggml docs/gguf.md), little-endian, version 2 and 3.
-    """
-    import struct
-
-    def unpack(f, fmt):
-        size = struct.calcsize(fmt)
-        data = f.read(size)
-        if len(data) != size:
-            raise ValueError(f"{path}: the GGUF metadata ends early")
-        return struct.unpack(fmt, data)[0]
-
-    def string(f):
-        return f.read(unpack(f, "<Q")).decode("utf-8", errors="replace")
-
-    out: dict = {}
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF model file (the first bytes are not 'GGUF')")
-        version = unpack(f, "<I")
-        if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
-        unpack(f, "<Q")                      # tensor count
-        for _ in range(unpack(f, "<Q")):     # metadata key/value count
-            key = string(f)
-            vtype = unpack(f, "<I")
-            if vtype in _GGUF_SCALARS:
-                out[key] = unpack(f, _GGUF_SCALARS[vtype])
-            elif vtype == _GGUF_STRING:
-                out[key] = string(f)
-            elif vtype == _GGUF_ARRAY:
-                etype, count = unpack(f, "<I"), unpack(f, "<Q")
-                if etype in _GGUF_SCALARS:
-                    f.seek(count * struct.calcsize(_GGUF_SCALARS[etype]), 1)
-                elif etype == _GGUF_STRING:
-                    for _ in range(count):
-                        f.seek(unpack(f, "<Q"), 1)
-                else:
-                    raise ValueError(f"{path}: nested GGUF arrays in {key} are not supported")
-            else:
-                raise ValueError(f"{path}: unknown GGUF value type {vtype} for {key}")
-    return out
-
-
-@functools.lru_cache(maxsize=16)
-def _shape_from_gguf(path: str, size: int, mtime_ns: int) -> KVShape:
-    """Cached on (path, size, mtime): the panel asks again on every thread change."""
-    meta = read_gguf_scalars(path)
-    arch = meta.get("general.architecture")
-    if arch is None:
-        raise ValueError(f"{path}: no general.architecture in the GGUF metadata")
-    n_heads = meta.get(f"{arch}.attention.head_count")
-    # head_count_kv may be a per-layer array in some hybrids (skipped above): then it is absent
-    # here, and the largest count is what matters; read it the slow way.
-    n_kv = meta.get(f"{arch}.attention.head_count_kv")
-    if n_kv is None or n_heads is None:
-        from gguf import GGUFReader
-
-        fields = GGUFReader(path).fields
-
-        def largest(key):
-            f = fields.get(key)
-            value = None if f is None else f.contents()
-            return max(value) if isinstance(value, list) else value
-
-        n_heads = n_heads if n_heads is not None else largest(f"{arch}.attention.head_count")
-        n_kv = n_kv if n_kv is not None else largest(f"{arch}.attention.head_count_kv")
-        n_kv = n_heads if n_kv is None else n_kv
-    key_length = meta.get(f"{arch}.attention.key_length")
-    if key_length is None:
-        key_length = meta[f"{arch}.embedding_length"] // n_heads
-    value_length = meta.get(f"{arch}.attention.value_length", key_length)
-    return KVShape(
-        n_layers=int(meta[f"{arch}.block_count"]),
-        n_kv_heads=int(n_kv),
-        key_length=int(key_length),
-        value_length=int(value_length),
-        context_length=int(meta.get(f"{arch}.context_length", 0)),
-    )
+    @property
+    def dims(self) -> tuple[int, int, int, int]:
+        return self.n_layers, self.n_kv_heads, self.key_length, self.value_length
 
 
 def kv_spec(kv: str) -> KVSpec:
@@ -140,10 +82,44 @@ def kv_spec(kv: str) -> KVSpec:
 def kv_bytes_per_token(shape: KVShape, kv: str = "f16") -> int:
     """Bytes the KV cache holds per token, all layers, K and V, scales included."""
     spec = kv_spec(kv)
-    dims = (shape.n_layers, shape.n_kv_heads, shape.key_length, shape.value_length)
     if spec.name == "f16":
-        return dense_f16_bytes_per_token(*dims)
-    return math.ceil(spec.bytes_per_token(*dims))
+        return dense_f16_bytes_per_token(*shape.dims)
+    return math.ceil(spec.bytes_per_token(*shape.dims))
+
+
+# llama.cpp's cache types for our KV settings (ggml_type ids: f16 1, q8_0 8, q4_0 2); it stores
+# q8_0 / q4_0 as ggml blocks of 32 elements (34 / 18 bytes).
+LLAMACPP_KV_TYPES = {"f16": (1, 1), "k8v8": (8, 8), "k8v4": (8, 2), "k4v4": (2, 2)}
+_GGML_BLOCKS = {1: (1, 2), 8: (32, 34), 2: (32, 18)}   # type id -> (elements, bytes) per block
+
+
+def llamacpp_kv_bytes_per_token(shape: KVShape, kv: str = "f16") -> int:
+    """KV bytes llama.cpp's cache stores per token for a KV setting (its q8_0/q4_0 types)."""
+    if kv not in LLAMACPP_KV_TYPES:
+        raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(LLAMACPP_KV_TYPES)}")
+    type_k, type_v = LLAMACPP_KV_TYPES[kv]
+
+    def row(n: int, type_id: int) -> float:
+        block, size = _GGML_BLOCKS[type_id]
+        return n / block * size
+
+    return math.ceil(shape.n_layers * shape.n_kv_heads * (row(shape.key_length, type_k) + row(shape.value_length, type_v)))
+
+
+def kv_read_bytes_per_token(shape: KVShape, kv: str, n_tokens: int, attention=None) -> int:
+    """KV bytes one decode step reads with ``n_tokens`` cached: all of them when dense; when
+    sparse (``attention`` a SparseConfig in mode "sparse"), the blocks it attends, plus every
+    block's key bounds when it ranks by them at each step (observe = 0; ranked by the
+    question's votes, decoding reads no bounds: the question read every block once)."""
+    stored = kv_bytes_per_token(shape, kv)
+    if attention is None or attention.mode != "sparse":
+        return stored * n_tokens
+    spec = kv_spec(kv)
+    block = spec.block
+    attended = min(n_tokens, attention.budget_tokens(block))
+    per_block_bounds = shape.n_layers * shape.n_kv_heads * 2 * 2 * shape.key_length
+    bounds = 0 if attention.observe else -(-n_tokens // block) * per_block_bounds
+    return int(round(attended * spec.bytes_per_token(*shape.dims))) + bounds
 
 
 def safety_margin(free_bytes: int) -> int:

@@ -26,8 +26,8 @@ from gguf.gguf_reader import ReaderTensor
 from numba import njit
 
 from ..attention.blocks import attend_blocks
-from ..attention.config import SparseConfig
 from ..attention.dense import attend
+from ..attention.state import AttentionState
 from ..kv.blocked import BlockKVCache
 from ..kv.dense import KVCache
 from ..kv.formats import KVSpec
@@ -36,6 +36,7 @@ from ..ops.rope import RopeTables, rope_heads
 from ..quant import blas
 from ..quant.qmatrix import QMatrix
 from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, llamacpp_hint
+from .gguf_file import scan_gguf
 
 _NO_BIAS = np.zeros(0, dtype=np.float32)  # (0,) float32: "no bias" / "none" for the kernels
 
@@ -161,29 +162,29 @@ class Model:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of 2-D weights one decode step streams (the lm head once, even when tied)."""
-        per_layer = sum(w.nbytes for lw in self.layers
-                        for w in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down))
-        return per_layer + self.output.nbytes
+        """Weight bytes one decode step streams, by the one rule of model/gguf_file.py (every
+        matrix once, one embedding row, the lm head once even when tied)."""
+        return scan_gguf(self.path).weight_bytes_per_token()
 
-    def new_cache(self, n_ctx: int, kv: KVSpec | None = None,
-                  attention: SparseConfig | None = None) -> KVCache | BlockKVCache:
-        """The dense f16 cache (llama.cpp's numerics) when neither a quantized format nor
-        sparse attention is asked for; otherwise the blocked cache."""
-        if kv is None and attention is None:
+    def new_cache(self, n_ctx: int, kv: KVSpec | None = None) -> KVCache | BlockKVCache:
+        """The dense f16 cache (llama.cpp's numerics) without a KV format; the blocked cache in
+        format ``kv`` otherwise (attended with an AttentionState: attention/state.py)."""
+        if kv is None:
             return KVCache(self.config, n_ctx)
-        cache = BlockKVCache(self.config, n_ctx, kv or KVSpec())
-        cache.attention = attention or SparseConfig(mode="dense")
-        return cache
+        return BlockKVCache(self.config, n_ctx, kv)
 
     # ---- Forward pass ----------------------------------------------------------------
 
-    def forward(self, tokens: Sequence[int], cache: KVCache | BlockKVCache, all_logits: bool = False) -> np.ndarray:
-        """Run ``tokens`` at positions cache.n_tokens.. and append them to the cache.
+    def forward(self, tokens: Sequence[int], cache: KVCache | BlockKVCache, all_logits: bool = False,
+                state: AttentionState | None = None) -> np.ndarray:
+        """Run ``tokens`` at positions cache.n_tokens.. and append them to the cache. A blocked
+        cache is attended as ``state`` says (its SparseConfig; dense attention when None).
 
         Returns the logits of the last token (V,) float32, or of every token (T, V)
         float32 when ``all_logits``. T == 1 takes the matvec path (decode).
         """
+        if state is None and isinstance(cache, BlockKVCache):
+            state = AttentionState()                 # dense attention over the blocked cache
         ids = np.asarray(tokens, dtype=np.int64)  # (T,)
         n_tok = ids.shape[0]
         pos0 = cache.n_tokens
@@ -196,7 +197,7 @@ class Model:
         pending = None                           # (T, D) output of the last sub-block, not yet added to x
         for il, lw in enumerate(self.layers):
             self._norm(x, pending, lw.attn_norm, h)
-            pending = self._attention_block(il, lw, h, cache, pos0, cos, sin)
+            pending = self._attention_block(il, lw, h, cache, state, pos0, cos, sin)
             self._norm(x, pending, lw.ffn_norm, h)
             pending = self._ffn_block(lw, h)
         self._norm(x, pending, self.output_norm, h)
@@ -215,7 +216,7 @@ class Model:
         else:
             add_rms_norm_rows(x, pending, w, self.eps, out)
 
-    def _attention_block(self, il, lw: LayerWeights, h, cache, pos0, cos, sin) -> np.ndarray:
+    def _attention_block(self, il, lw: LayerWeights, h, cache, state, pos0, cos, sin) -> np.ndarray:
         """Wo · attention(rope(Wq h + bq), rope(Wk h + bk), Wv h + bv) (+ bo) -> (T, D) float32."""
         c = self.config
         n_tok = h.shape[0]
@@ -229,7 +230,7 @@ class Model:
                                 np.ascontiguousarray(table_sin[in_block]), self.neox)
             cache.update(il, pos0, k, v)
             q = q.reshape(n_tok, c.n_heads, c.head_dim)                 # (T, H, HD) float32, unrotated
-            att = attend_blocks(q, cache, il, pos0, cache.attention, self.rope, self.neox)
+            att = attend_blocks(q, cache, il, pos0, state, self.rope, self.neox)
         else:
             _qkv_bias_rope(q, k, v, lw.bq, lw.bk, lw.bv, cos, sin, self.neox)
             cache.update(il, pos0, k, v)

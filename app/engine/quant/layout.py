@@ -5,7 +5,7 @@ Row-group layout
 A GGUF matrix stores each output row as a run of blocks (``d, m, qs...`` interleaved). Our
 kernels instead vectorise *across output rows*: SIMD lane i works on row r0+i, so each weight
 byte is multiplied by one broadcast activation and no block needs a horizontal sum (the
-per-16-byte-block loop of the naive layout ran at ~1 GB/s, see DESIGN.md "Engine"). This is
+per-16-byte-block loop of the naive layout ran at ~1 GB/s, see docs/ARCHITECTURE.md, "Weights stay quantized"). This is
 the idea of llama.cpp's "repack" formats (ggml-cpu/repack.cpp, e.g. block_q4_0x8 interleaves
 8 rows), here with GROUP = 16 rows: 16 int16 lanes fill one AVX2 register.
 
@@ -18,7 +18,7 @@ column-major, so that element (r, c) lives at
 
 A kernel thus reads each group as one sequential sweep of ``16 * k`` units, and the 16 bytes
 a vector load needs are adjacent. The planes of one matrix together hold exactly the bytes of
-the GGUF tensor: no padding, no f32 copy (DESIGN.md "Weights stay quantized").
+the GGUF tensor: no padding, no f32 copy (docs/ARCHITECTURE.md, "Weights stay quantized").
 
 Threads take contiguous runs of groups (``chunk_groups``), so every matrix with a multiple of
 32 rows splits evenly over 2 threads.

@@ -1,0 +1,58 @@
+"""What attention remembers for one sequence between forward passes, kept apart from the KV
+cache: llama.cpp separates its ``llama_kv_cache`` (what the tokens are) from the context that
+attends over it, and so do we. The blocked cache (kv/blocked.py) holds keys and values only;
+this holds how the current question reads them.
+
+  config      the SparseConfig attention runs with
+  observe     prompt positions [start, end) whose queries vote for the blocks decoding reads
+              (attention/votes.py), or None
+  votes       layer -> (KVH, end block) float32: the votes decoding ranks blocks by
+  vote_top    layer -> (votes, (KVH, K) int64 their top blocks): ranked once per question
+  selection   layer -> (step, Selection): a decode step's blocks, kept for ``config.reselect`` steps
+  block_mass  (NB,) float64: attention mass each block received while an answer was generated,
+              summed over layers and heads (the answer's attention-grounded citations)
+
+The choices depend on the cache's contents: when the cache forgets tokens or is refilled
+(``BlockKVCache.generation`` changes), the votes and selections made for the old contents are
+dropped the next time attention looks (``follow``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import SparseConfig
+
+
+class AttentionState:
+    """The per-question state of attention over one blocked KV cache."""
+
+    def __init__(self, config: SparseConfig | None = None):
+        self.config = config or SparseConfig(mode="dense")
+        self.observe: tuple[int, int] | None = None
+        self.votes: dict[int, np.ndarray] = {}
+        self.vote_top: dict[int, tuple] = {}
+        self.selection: dict[int, tuple] = {}
+        self.block_mass = np.zeros(0, np.float64)     # (NB,) float64
+        self._generation: int | None = None
+
+    def follow(self, cache) -> None:
+        """Drop what was chosen for contents the cache no longer holds; size block_mass to it."""
+        if cache.generation != self._generation:
+            self._generation = cache.generation
+            self.votes.clear()
+            self.vote_top.clear()
+            self.selection.clear()
+        if self.block_mass.shape[0] < cache.n_blocks_cap:
+            mass = np.zeros(cache.n_blocks_cap, np.float64)
+            mass[:self.block_mass.shape[0]] = self.block_mass
+            self.block_mass = mass
+
+    def start_question(self, observe: tuple[int, int] | None) -> None:
+        """A new prompt: no votes yet; ``observe`` = the positions that will cast them."""
+        self.observe = observe
+        self.votes.clear()
+        self.vote_top.clear()
+
+    def reset_mass(self) -> None:
+        """Count the attention mass of the next answer only."""
+        self.block_mass[:] = 0.0

@@ -1,0 +1,153 @@
+"""The answer service (app/qa/answer.py) without a model: what goes into the prompt, what
+happens when a document does not fit, which pages are cited, how several documents are laid
+side by side, and what is stored. The backend is tests/qa/fake_backend.py."""
+from __future__ import annotations
+
+import pytest
+
+from app.engine.backend import SamplingParams
+from app.qa.answer import AskError, answer
+from app.store import Store
+from tests.qa.fake_backend import FakeBackend
+
+PARAMS = SamplingParams.make_greedy(16)
+
+PAGES = [
+    "The lighthouse keeper logbook opens in the spring of the harbour year.",
+    "Ships came in with grain and timber; the harbour master counted them every evening.",
+    "The secret signal of the harbour was three green lamps above the pier.",
+    "In autumn the logbook ends with a storm that closed the harbour for a week.",
+]
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "ellm.db")
+    yield s
+    s.close()
+
+
+def add_document(store: Store, path: str, title: str, pages: list[str]) -> int:
+    rows, chunks, start = [], [], 0
+    for number, text in enumerate(pages, 1):
+        rows.append((number, start, text))
+        chunks.append((number, start, start + len(text), text))
+        start += len(text) + 1
+    return store.save_document({"path": path, "title": title, "status": "ingested", "pages": len(pages)},
+                               rows, chunks)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"GGUF fake model bytes")
+    return path
+
+
+def test_a_document_that_fits_is_read_whole_with_its_page_markers(store, model_file):
+    doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    backend = FakeBackend(model_file, answer="Three green lamps [p. 3].")
+    streamed = []
+    a = answer(store, backend, "  What was the secret signal?  ", [doc], PARAMS, model_name="fake.gguf",
+               on_text=streamed.append)
+    prompt = backend.detokenize(backend.prompts[0])
+    assert [f"[Page {n}]" in prompt for n in range(1, 5)] == [True] * 4
+    assert prompt.rstrip().endswith("Question: What was the secret signal? </user>\n<assistant>")
+    assert a.answer == "Three green lamps [p. 3]." == "".join(streamed).strip()
+    assert not a.plan.truncated and a.plan.note == "" and len(a.plan.pages) == 4
+    assert a.timings["kv_cache"] == "miss" and a.timings["prompt_tokens"] == len(backend.prompts[0])
+    assert a.considered is None and a.attended == [] and a.doc_ids == [doc]
+    assert set(a.as_dict()) == {"answer", "citations", "timings", "engine", "model", "documents", "context",
+                                "cancelled", "answer_id", "attended"}
+
+
+def test_a_document_over_the_context_is_answered_from_its_most_relevant_pages_and_says_so(store, model_file):
+    filler = [f"Page {i} tells of nets, ropes, tides and gulls on an ordinary day at sea. " * 6 for i in range(30)]
+    pages = filler[:17] + ["The harbour master's secret password was BLUEHERON, kept in the brass box."] + filler[17:]
+    doc = add_document(store, "/docs/long.txt", "Long Log", pages)
+    backend = FakeBackend(model_file, n_ctx=700, answer="BLUEHERON.")
+    a = answer(store, backend, "What was the harbour master's secret password?", [doc], PARAMS)
+    used = [p.number for p in a.plan.pages]
+    assert 18 in used and 1 in used                     # the page that answers it, and the opening page
+    assert used == sorted(used) and len(used) < len(pages)
+    assert a.plan.truncated and "chosen by relevance" in a.plan.note and f"of {len(pages)} pages" in a.plan.note
+    assert len(backend.prompts[0]) + PARAMS.max_tokens <= backend.n_ctx
+    assert a.as_dict()["context"]["truncated"] is True
+
+
+def test_too_small_a_context_is_refused_with_what_to_change(store, model_file):
+    doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    with pytest.raises(AskError, match="raise the context length or lower max tokens"):
+        answer(store, FakeBackend(model_file, n_ctx=80), "What was the signal?", [doc], PARAMS)
+
+
+def test_citations_are_the_pages_the_answer_cites_first_then_the_passages_that_match_it(store, model_file):
+    doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    a = answer(store, FakeBackend(model_file, answer="It was three green lamps above the pier [p. 3]."),
+               "What was the secret signal?", [doc], PARAMS)
+    assert [c["page"] for c in a.citations][0] == 3
+    assert a.citations[0]["doc"] == doc and "three green lamps" in a.citations[0]["text"]
+    b = answer(store, FakeBackend(model_file, answer="A storm closed the harbour for a week in autumn."),
+               "How does the logbook end?", [doc], PARAMS)
+    assert b.citations and b.citations[0]["page"] == 4     # no [p. N]: the best matching passage
+
+
+def test_the_answer_is_stored_and_an_empty_question_or_no_document_is_refused(store, model_file):
+    doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    a = answer(store, FakeBackend(model_file, answer="Grain and timber."), "What did ships bring?", [doc], PARAMS)
+    stored = store.answers(doc_id=doc)
+    assert [(r["id"], r["question"], r["answer"]) for r in stored] == [(a.answer_id, "What did ships bring?",
+                                                                        "Grain and timber.")]
+    unsaved = answer(store, FakeBackend(model_file), "Again?", [doc], PARAMS, save=False)
+    assert unsaved.answer_id is None and len(store.answers(doc_id=doc)) == 1
+    with pytest.raises(AskError, match="the question is empty"):
+        answer(store, FakeBackend(model_file), "   ", [doc], PARAMS)
+    with pytest.raises(AskError, match="no documents to ask"):
+        answer(store, FakeBackend(model_file), "Anything?", [], PARAMS)
+
+
+def test_several_documents_on_a_composing_backend_are_read_side_by_side(store, model_file):
+    log = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    minutes = add_document(store, "/docs/minutes.txt", "Council Minutes",
+                           ["The council met on Tuesday.", "The budget is twelve million euros."])
+    backend = FakeBackend(model_file, answer="Twelve million euros [p. 2].", composes=True)
+    progress = []
+    a = answer(store, backend, "What is the budget?", [log, minutes], PARAMS, progress=progress.append)
+    prompt = backend.detokenize(backend.prompts[-1])
+    assert prompt.count("=== Document:") == 2 and prompt.count("You are eLLM") == 1   # one header, two documents
+    assert prompt.index("Harbour Log") < prompt.index("Council Minutes") < prompt.index("Question:")
+    assert [c["doc"] for c in a.considered] == [log, minutes] and a.note == ""
+    assert [p.startswith("reading ") for p in progress] == [True, True]
+    assert a.citations[0] == {"doc": minutes, "page": 2, "text": "The budget is twelve million euros."}
+    assert set(a.as_dict()) >= {"considered", "note"}
+    # Asked again, both documents' caches come from their files: nothing is read.
+    progress.clear()
+    again = answer(store, backend, "Who met on Tuesday?", [log, minutes], PARAMS, progress=progress.append)
+    assert progress == [] and again.timings["kv_cache"] == "hit"
+
+
+def test_over_the_memory_budget_only_the_most_relevant_documents_are_laid_side_by_side(store, model_file):
+    log = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    minutes = add_document(store, "/docs/minutes.txt", "Council Minutes",
+                           ["The council met on Tuesday.", "The budget is twelve million euros."])
+    backend = FakeBackend(model_file, composes=True, kv_bytes=1000)
+    a = answer(store, backend, "What is the council budget?", [log, minutes], PARAMS, memory_budget=100_000)
+    assert [c["doc"] for c in a.considered] == [minutes] and a.doc_ids == [minutes]
+    assert "most relevant" in a.note and "Council Minutes" in a.note and a.note in a.notes
+    assert "Harbour Log" not in backend.detokenize(backend.prompts[-1])
+    with pytest.raises(AskError, match="choose a smaller KV setting"):
+        answer(store, backend, "What is the council budget?", [log, minutes], PARAMS, memory_budget=10)
+
+
+def test_attended_blocks_are_mapped_to_the_page_and_passage_they_hold(store, model_file):
+    log = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    minutes = add_document(store, "/docs/minutes.txt", "Council Minutes", ["The council met on Tuesday."])
+    backend = FakeBackend(model_file, composes=True)
+    answer(store, backend, "What was the secret signal?", [log, minutes], PARAMS)   # caches the prefixes
+    prompt = backend.prompts[-1]
+    text = backend.detokenize(prompt)
+    start = len(backend.tokenize(text[:text.index("The secret signal")]))      # tokens before page 3's text
+    backend.attended = [(start, start + 6, 0.75), (0, 4, 0.25)]               # page 3, and the system prompt
+    a = answer(store, backend, "What was the secret signal?", [log, minutes], PARAMS)
+    assert [(x["doc"], x["page"], x["weight"]) for x in a.attended] == [(log, 3, 1.0)]
+    assert "three green lamps" in a.attended[0]["text"]
