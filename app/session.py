@@ -56,6 +56,15 @@ class Session:
         except ValueError as e:
             raise SessionError(f"{path}: cannot load the model ({e})") from e
 
+    def engine_note(self) -> str:
+        """Why the automatic engine choice took llama.cpp for this model ("" otherwise)."""
+        from app.runtime.engines import engine_note
+
+        try:
+            return engine_note(self.settings.engine, self.model_path)
+        except SessionError:
+            return ""
+
     def token_counter(self):
         from app.runtime.engines import token_counter
 

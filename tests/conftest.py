@@ -35,7 +35,7 @@ SLOW_MODULES = {
     "tests/reliability/test_concurrency.py", "tests/reliability/test_crash.py", "tests/reliability/test_privacy.py",
     "tests/reliability/test_hostile_corpus.py", "tests/ui/test_flow.py", "tests/ui/test_settings_kv.py",
 }
-SLOW_FIXTURES = {"smollm2", "smollm2_vocab", "llama_cpp", "ggml_mul_mat", "reference"}
+SLOW_FIXTURES = {"smollm2", "smollm2_vocab", "llama_cpp", "ggml_mul_mat", "reference", "pairs"}
 ROOT = Path(__file__).resolve().parents[1]
 
 

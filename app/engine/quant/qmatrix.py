@@ -36,11 +36,12 @@ from gguf.gguf_reader import ReaderTensor
 
 from ..ops.f16 import f16_plane_is_plain
 from . import floats, kquants, legacy
+from ..model.support import WEIGHT_TYPES
 from .layout import GROUP, num_threads
 
 Q = GGMLQuantizationType
 
-SUPPORTED = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32)
+SUPPORTED = tuple(sorted((Q[name] for name in WEIGHT_TYPES), key=int))   # model/support.py
 
 _REPACK = {
     Q.Q4_0: legacy.repack_q4_0, Q.Q4_1: legacy.repack_q4_1, Q.Q8_0: legacy.repack_q8_0,
@@ -49,6 +50,7 @@ _REPACK = {
 }
 _F16_PLANES = {Q.Q4_0: ("d",), Q.Q4_1: ("d", "m"), Q.Q8_0: ("d",), Q.Q4_K: ("d", "dmin"),
                Q.Q5_K: ("d", "dmin"), Q.Q6_K: ("d",), Q.F16: ("w",)}
+assert set(_REPACK) == set(SUPPORTED), "model/support.py WEIGHT_TYPES and the kernels disagree"
 _FLOAT_KIND = {Q.F32: floats.KIND_F32, Q.F16: floats.KIND_F16, Q.BF16: floats.KIND_BF16}
 _NO_BYTES = np.zeros(1, np.uint8)   # (1,) uint8 stand-in for planes a type does not have
 _NO_U16 = np.zeros(1, np.uint16)    # (1,) uint16 likewise

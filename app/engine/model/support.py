@@ -1,0 +1,26 @@
+"""What eLLM's engine runs, decided from a GGUF header alone: milliseconds, nothing loaded.
+
+``--engine auto`` asks ``why_not`` before it loads anything; the loader (model/config.py,
+quant/qmatrix.py) takes its lists from here, so the header's verdict and the loader's agree.
+"""
+from __future__ import annotations
+
+from .gguf_file import GGUFLayout
+
+ARCHITECTURES = ("llama", "qwen2")
+"""``general.architecture`` values the transformer implements (model/transformer.py)."""
+
+WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"})
+"""GGML tensor types the weight kernels implement (quant/qmatrix.py)."""
+
+
+def why_not(layout: GGUFLayout) -> str:
+    """Why the engine cannot run this file, as a clause ("" when it can): its architecture,
+    or tensor types it has no kernels for."""
+    if layout.architecture not in ARCHITECTURES:
+        return (f"it does not implement architecture '{layout.architecture}' "
+                f"(it runs {', '.join(ARCHITECTURES)})")
+    missing = sorted(layout.tensor_types - WEIGHT_TYPES)
+    if missing:
+        return f"it has no kernels for tensor type{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    return ""
