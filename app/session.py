@@ -3,6 +3,7 @@ its backend. The CLI and the GUI both work through a Session, so neither holds
 logic the other would miss."""
 from __future__ import annotations
 
+import threading
 from functools import cached_property
 from pathlib import Path
 
@@ -20,6 +21,9 @@ class Session:
     def __init__(self, paths: Paths, overrides: dict | None = None):
         self.paths = paths.ensure()
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        # One backend (one KV cache) serves the session: whoever runs it (an answer, a summary,
+        # reading ahead) holds this lock.
+        self.engine_lock = threading.RLock()
 
     @cached_property
     def store(self) -> Store:
@@ -44,17 +48,48 @@ class Session:
         except ModelError as e:
             raise SessionError(str(e)) from e
 
-    def backend(self):
+    def doc_tokens(self, doc_ids) -> int:
+        """The documents' tokens as ingestion counted them (what an automatic context must hold)."""
+        total = 0
+        for i in doc_ids:
+            doc = self.store.document(int(i))
+            total += int(doc["tokens"] or 0) if doc else 0
+        return total
+
+    def chosen(self, doc_tokens: int | None = None):
+        """The context, KV format and attention for ``doc_tokens`` of documents: the settings'
+        own where a person chose them, else eLLM's choice (app/runtime/auto.py)."""
+        from app.runtime.auto import choose
+        from app.runtime.engines import choose_engine
+
+        path = self.model_path
+        try:
+            return choose(self.settings, path, choose_engine(self.settings.engine, path).name, doc_tokens)
+        except ModelError as e:
+            raise SessionError(str(e)) from e
+
+    def backend(self, doc_tokens: int | None = None):
+        """The backend for a question about ``doc_tokens`` tokens of documents (None: no document)."""
         from app.runtime.engines import open_backend
 
         s = self.settings
         path = self.model_path
+        c = self.chosen(doc_tokens)
         try:
-            return open_backend(s.engine, path, s.n_ctx, s.threads, s.numa, kv=s.kv, attention=s.attention)
+            return open_backend(s.engine, path, c.n_ctx, s.threads, s.numa, kv=c.kv, attention=c.attention)
         except ModelError as e:
             raise SessionError(str(e)) from e
         except ValueError as e:
             raise SessionError(f"{path}: cannot load the model ({e})") from e
+
+    def backend_keeps_files(self) -> bool:
+        """Whether the backend a document gets keeps its KV cache in a file (eLLM's blocked
+        cache), i.e. whether reading ahead persists anything."""
+        from app.runtime.engines import choose_engine
+
+        c = self.chosen(1)
+        return choose_engine(self.settings.engine, self.model_path).name == "ellm" and (
+            c.kv != "f16" or c.attention != "dense")
 
     def engine_note(self) -> str:
         """Why the automatic engine choice took llama.cpp for this model ("" otherwise)."""

@@ -10,10 +10,15 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 # The choices are the engine's own lists (light modules: nothing of numba loads here).
-from app.engine.attention.config import MODES as ATTENTION
+from app.engine.attention.config import MODES
 from app.engine.cpu.plan import NUMA_POLICIES
-from app.engine.kv.formats import KV_NAMES as KV_SETTINGS
+from app.engine.kv.formats import KV_NAMES
+from app.runtime.auto import AUTO
 from app.runtime.engines import ENGINES
+
+# "auto" leaves the choice to eLLM (app/runtime/auto.py), then the engine's own lists.
+KV_SETTINGS = (AUTO,) + KV_NAMES
+ATTENTION = (AUTO,) + MODES
 
 __all__ = ["ATTENTION", "ENGINES", "KV_SETTINGS", "NUMA_POLICIES", "Paths", "Settings", "default_data_dir"]
 
@@ -59,7 +64,7 @@ class Settings:
 
     model: str = ""  # path of a GGUF file; "" = the default model
     engine: str = "auto"
-    n_ctx: int = 8192  # context length in tokens (prompt + answer)
+    n_ctx: int = 0  # context length in tokens (prompt + answer); 0 = the whole document (runtime/auto.py)
     max_tokens: int = 512
     temperature: float = 0.2
     top_k: int = 40
@@ -68,14 +73,14 @@ class Settings:
     seed: int = 0
     threads: int = 0  # 0 = one per physical core
     numa: str = "distribute"  # NUMA policy: distribute | isolate | none
-    kv: str = "f16"  # KV cache precision: f16 | k8v8 | k8v4 | k4v4 (README, "KV cache")
-    attention: str = "dense"  # dense | sparse (README, "Sparse attention")
+    kv: str = "auto"  # KV cache precision: auto | f16 | k8v8 | k8v4 | k4v4 (README, "KV cache")
+    attention: str = "auto"  # auto | dense | sparse (README, "Sparse attention", "Automatic settings")
 
     def __post_init__(self):
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
-        if self.n_ctx < 256:
-            raise ValueError(f"context length must be at least 256 tokens, not {self.n_ctx}")
+        if self.n_ctx != 0 and self.n_ctx < 256:
+            raise ValueError(f"context length must be 0 (automatic) or at least 256 tokens, not {self.n_ctx}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
         if self.kv not in KV_SETTINGS:

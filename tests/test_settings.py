@@ -9,7 +9,7 @@ from app.session import Session, SessionError
 
 def test_defaults_and_validation():
     s = Settings()
-    assert (s.engine, s.n_ctx, s.model) == ("auto", 8192, "")
+    assert (s.engine, s.n_ctx, s.model, s.kv, s.attention) == ("auto", 0, "", "auto", "auto")
     with pytest.raises(ValueError, match="engine must be one of"):
         Settings(engine="gpu")
     with pytest.raises(ValueError, match="at least 256"):

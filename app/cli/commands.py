@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.cli.context import CliError, Context, err
+from app.cli.context import CliError, Context, ProgressLine, err
 from app.settings import Paths
 
 
@@ -76,7 +76,7 @@ def cmd_ask(ctx: Context) -> int:
     from app.qa.answer import AskError, answer
 
     target = ask_target(ctx)
-    backend = ctx.backend()
+    backend = ctx.backend(ctx.session.doc_tokens(target.doc_ids))
     params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.max_tokens)
     streaming = not ctx.json
     if streaming and ctx.args.verbose:
@@ -89,7 +89,7 @@ def cmd_ask(ctx: Context) -> int:
 
     try:
         result = answer(ctx.store, backend, ctx.args.question, list(target.doc_ids), params,
-                        model_name=ctx.model_path.name, on_text=show, progress=lambda what: err(f"ask: {what}"))
+                        model_name=ctx.model_path.name, on_text=show, progress=ProgressLine("ask"))
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     if ctx.json:
@@ -113,6 +113,32 @@ def cmd_ask(ctx: Context) -> int:
     return 0
 
 
+def cmd_read(ctx: Context) -> int:
+    """Read documents into their KV caches ahead of the questions (qa/reading.py)."""
+    from app.qa.doc_cache import DocCaches, store_cache_dir
+    from app.qa.reading import read_document
+
+    a = ctx.args
+    if a.all:
+        docs = [d for d in ctx.store.documents() if d["status"] == "ingested"]
+    else:
+        docs = [ctx.resolve_doc(ref) for ref in a.docs]
+    if not docs:
+        raise CliError("no documents to read: ingest some first (`ellm ingest FOLDER`)")
+    caches = DocCaches(ctx.store, store_cache_dir(ctx.store))
+    progress = None if ctx.json else ProgressLine("read")
+    rows = []
+    for i, doc in enumerate(docs):
+        backend = ctx.backend(ctx.session.doc_tokens([doc["id"]]))
+        result = read_document(ctx.store, backend, doc["id"], caches, progress=progress, nth=i + 1, of=len(docs))
+        rows.append(result.as_dict())
+        if not ctx.json:
+            print(f"{result.title}: {result.status} ({result.tokens:,} tokens, {result.seconds:.1f} s)")
+    if ctx.json:
+        ctx.print_json(rows)
+    return 0
+
+
 def cmd_summarize(ctx: Context) -> int:
     from app.qa.export import ExportError, export, format_for
     from app.qa.summarize import SummaryError, summarize
@@ -124,17 +150,18 @@ def cmd_summarize(ctx: Context) -> int:
             fmt = format_for(ctx.args.out, ctx.args.format)
         except ExportError as e:
             raise CliError(str(e)) from e
-    backend = ctx.backend()
+    backend = ctx.backend(ctx.session.doc_tokens([doc["id"]]))
     params = ctx.sampling(max_tokens=ctx.args.max_tokens)
 
-    def progress(step: int, steps: int, what: str) -> None:
-        if not ctx.json:
-            err(f"[{step}/{steps}] {what}")
-
+    progress = None if ctx.json else ProgressLine("summarize")
     try:
-        s = summarize(ctx.store, backend, doc["id"], params, model_name=ctx.model_path.name, progress=progress)
+        s = summarize(ctx.store, backend, doc["id"], params, model_name=ctx.model_path.name, progress=progress,
+                      again=ctx.args.again)
     except SummaryError as e:
         raise CliError(str(e)) from e
+    if s.reused and not ctx.json:
+        err("summarize: the stored summary of this document with this model and these settings "
+            "(--again summarizes anew)")
     out = None
     if ctx.args.out:
         try:
@@ -270,8 +297,11 @@ def cmd_hw(ctx: Context) -> int:
         raise CliError(f"{root}: no such sysfs folder (--sysfs-root / ELLM_SYSFS_ROOT)")
     s = ctx.session.settings
     docs = [d["tokens"] for d in ctx.store.documents() if d["status"] == "ingested"]
+    kv = a.kv or s.kv
+    if kv == "auto":
+        kv = ctx.session.chosen().kv      # what the automatic setting takes on this model's engine
     report = hardware_report(sysfs_root=root,
-                             model_path=ctx.model_path, kv=a.kv or s.kv, doc_tokens=docs,
+                             model_path=ctx.model_path, kv=kv, doc_tokens=docs,
                              threads=a.threads if a.threads is not None else s.threads,
                              numa_policy=a.numa or s.numa, probe_bandwidth=not a.no_probe, context=a.context)
     if ctx.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -48,9 +49,10 @@ class Context:
     def model_path(self) -> Path:
         return self.session.model_path
 
-    def backend(self):
-        """The session's backend; the automatic engine choice's note, if any, on stderr."""
-        backend = self.session.backend()
+    def backend(self, doc_tokens: int | None = None):
+        """The session's backend for ``doc_tokens`` tokens of documents (the automatic context
+        holds them); the automatic engine choice's note, if any, on stderr."""
+        backend = self.session.backend(doc_tokens)
         note = self.session.engine_note()
         if note:
             err(f"ellm: {note}")
@@ -78,3 +80,32 @@ class Context:
 
 def err(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
+
+
+class ProgressLine:
+    """Progress of long work on stderr, ``(done, total, line)`` as the services report it: on a
+    terminal one line rewritten in place, elsewhere a line at most every ``every`` seconds (and
+    the last one), so a log stays readable."""
+
+    def __init__(self, prefix: str, every: float = 5.0):
+        self.prefix, self.every = prefix, every
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.open = False
+
+    def __call__(self, done: int, total: int, line: str) -> None:
+        now = time.monotonic()
+        final = total > 0 and done >= total
+        if self.tty:
+            bar = f" [{'#' * (20 * done // total):<20}]" if total else ""
+            sys.stderr.write(f"\r\x1b[K{self.prefix}: {line}{bar}" + ("\n" if final else ""))
+            sys.stderr.flush()
+            self.open = not final
+        elif final or now - self.last >= self.every or done == 0:
+            err(f"{self.prefix}: {line}")
+        self.last = now
+
+    def close(self) -> None:
+        if self.open:
+            sys.stderr.write("\n")
+            self.open = False

@@ -7,7 +7,7 @@ import argparse
 from app import __version__
 from app.cli.bench_commands import cmd_bench, cmd_kv_probe
 from app.cli.commands import (cmd_ask, cmd_complete, cmd_docs, cmd_doctor, cmd_gui, cmd_hw, cmd_ingest, cmd_models,
-                              cmd_summarize)
+                              cmd_read, cmd_summarize)
 from app.settings import ATTENTION, ENGINES, KV_SETTINGS
 
 
@@ -29,9 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def kv_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--kv", choices=KV_SETTINGS, default=None,
-                       help="KV cache precision for this call (default: settings, f16)")
+                       help="KV cache precision for this call (default: settings, auto)")
         p.add_argument("--attention", choices=ATTENTION, default=None,
-                       help="attention for this call (default: settings, dense); llama.cpp is always dense")
+                       help="attention for this call (default: settings, auto); llama.cpp is always dense")
 
     parser = argparse.ArgumentParser(prog="ellm", parents=[common],
                                      description="Ask questions about whole documents with a local LLM.")
@@ -64,11 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_ask)
 
+    p = sub.add_parser("read", parents=[common], help="read documents into their KV caches ahead of the questions")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("docs", nargs="*", default=[], metavar="DOC", help="documents (id, title or file name)")
+    which.add_argument("--all", action="store_true", help="every ingested document")
+    engine_opts(p)
+    kv_opts(p)
+    p.set_defaults(func=cmd_read)
+
     p = sub.add_parser("summarize", parents=[common], help="summarize a whole document and export it")
     p.add_argument("doc", metavar="DOC")
     p.add_argument("--out", metavar="FILE")
     p.add_argument("--format", choices=("md", "pdf", "docx"), default=None,
                    help="export format (default: from the file's suffix)")
+    p.add_argument("--again", action="store_true",
+                   help="summarize anew even if a summary with the same model and settings is stored")
     engine_opts(p)
     p.add_argument("--max-tokens", type=int, default=None, metavar="N")
     p.set_defaults(func=cmd_summarize)

@@ -182,9 +182,11 @@ class Backend(Protocol):
         ...
 
     def ensure_prefix(self, tokens: Sequence[int], file: CacheFile | None = None,
-                      cancel: Callable[[], bool] | None = None) -> Prefix | None:
+                      cancel: Callable[[], bool] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> Prefix | None:
         """Make the cache hold exactly ``tokens`` (a document prefix), from memory, from
-        ``file`` when it exists, or computed (then written to ``file``); None if cancelled."""
+        ``file`` when it exists, or computed (then written to ``file``), reporting
+        ``progress(done, total)`` tokens as it computes; None if cancelled."""
         ...
 
     def compose(self, files: Sequence[CacheFile], skip: int, room: int) -> list[int]:

@@ -170,13 +170,14 @@ class EllmBackend:
                 "prefill_chunk": self.prefill_chunk}
 
     def ensure_prefix(self, tokens: Sequence[int], file: CacheFile | None = None,
-                      cancel: Callable[[], bool] | None = None) -> Prefix | None:
+                      cancel: Callable[[], bool] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> Prefix | None:
         """Make the cache hold exactly ``tokens`` (a document prefix) and checkpoint there, so that
         every question after it prefills only itself: from memory when the cache holds it, from
         ``file`` when it exists and passes its checks, else computed — resuming after the part
         the cache already shares with it, in whole prefill chunks so the result is what a fresh
-        computation gives — and then written to ``file``. None if cancelled. The dense f16 cache
-        keeps prefixes in memory only."""
+        computation gives — and then written to ``file``. ``progress(done, total)`` reports the
+        tokens of the prefix computed so far. None if cancelled."""
         tokens = [int(t) for t in tokens]
         _apply_threads(self._thread_plan)
         cache = self.cache
@@ -200,7 +201,11 @@ class EllmBackend:
         cache.truncate(keep)
         if keep == 0:
             cache.clear()
-        if prefill(self.model, cache, tokens[keep:], self.prefill_chunk, cancel, state=self.state) is None:
+        report = None if progress is None else (lambda done, _n: progress(keep + done, len(tokens)))
+        if report is not None:
+            report(0, len(tokens) - keep)
+        if prefill(self.model, cache, tokens[keep:], self.prefill_chunk, cancel, state=self.state,
+                   progress=report) is None:
             cache.clear()
             return None
         saved, save_error = 0, ""

@@ -19,9 +19,11 @@ PREFILL_CHUNK = 256  # tokens per prefill matmul; llama.cpp's default n_ubatch i
 
 def prefill(model: Model, cache: KVCache, tokens: Sequence[int], chunk: int = PREFILL_CHUNK,
             cancel: Callable[[], bool] | None = None, all_logits: bool = False,
-            state: AttentionState | None = None) -> np.ndarray | None:
+            state: AttentionState | None = None,
+            progress: Callable[[int, int], None] | None = None) -> np.ndarray | None:
     """Run ``tokens`` after what the cache already holds, in chunks of ``chunk`` tokens (a
-    blocked cache attended as ``state`` says, see Model.forward).
+    blocked cache attended as ``state`` says, see Model.forward); ``progress(done, total)``
+    after each chunk, in tokens of ``tokens``.
 
     Returns the logits of the last token (V,) float32, or of every token (T, V) float32
     with ``all_logits``; None when ``cancel()`` turned True between two chunks (the cache
@@ -34,6 +36,8 @@ def prefill(model: Model, cache: KVCache, tokens: Sequence[int], chunk: int = PR
         if i and cancel is not None and cancel():
             return None
         parts.append(model.forward(tokens[i:i + chunk], cache, all_logits=all_logits, state=state))
+        if progress is not None:
+            progress(min(i + chunk, len(tokens)), len(tokens))
     return np.concatenate(parts) if all_logits else parts[-1]
 
 

@@ -210,10 +210,27 @@ class LlamaCppBackend:
         return {"kv": self.kv, "attention": "dense", "flash_attn": self.flash_attn}
 
     def ensure_prefix(self, tokens: Sequence[int], file: CacheFile | None = None,
-                      cancel: Callable[[], bool] | None = None) -> Prefix:
-        """Nothing now: the prefix is prefilled with the question (llama.cpp reuses what its
-        cache already holds of it)."""
-        return Prefix("miss", "deferred")
+                      cancel: Callable[[], bool] | None = None,
+                      progress: Callable[[int, int], None] | None = None) -> Prefix | None:
+        """Evaluate the prefix now, in batches, so its reading shows progress and can be
+        cancelled; the question's generate then keeps it (Llama.generate reuses the longest
+        common prefix). Kept in memory only: llama.cpp's state files are not ours to compose."""
+        tokens = [int(t) for t in tokens]
+        keep = self._common_prefix(tokens)
+        if keep >= len(tokens):
+            return Prefix("hit", "memory")
+        llm = self.llm
+        llm.n_tokens = keep          # Llama.eval drops the cache after n_tokens before it evaluates
+        if progress is not None:
+            progress(keep, len(tokens))
+        step = max(1, llm.n_batch)
+        for i in range(keep, len(tokens), step):
+            if cancel is not None and cancel():
+                return None
+            llm.eval(tokens[i:i + step])
+            if progress is not None:
+                progress(min(i + step, len(tokens)), len(tokens))
+        return Prefix("miss", "computed")
 
     def compose(self, files: Sequence[CacheFile], skip: int, room: int) -> list[int]:
         raise ValueError("llama.cpp cannot lay several documents' caches side by side")

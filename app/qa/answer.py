@@ -12,6 +12,12 @@ one generation:
 
 Either way the answer streams; its citations are the pages it relied on (qa/citations.py) and,
 where the engine reports attention, the passages it attended to (qa/attended.py).
+
+Time is counted honestly: ``timings["ttft_s"]`` runs from the question to the first answer
+token, everything included (reading a document into its cache, laying caches side by side,
+choosing blocks, prefilling the question); its parts are listed beside it (``prefix_s``,
+``compose_s``, ``engine_ttft_s``). While a document is read, ``progress(done, total, line)``
+reports its tokens read of total and the time left.
 """
 from __future__ import annotations
 
@@ -66,15 +72,55 @@ class Answer:
 
 TextSink = Callable[[str], None]
 StatsSink = Callable[[GenerationStats], None]
+ProgressSink = Callable[[int, int, str], None]   # (tokens read, of total, what) — 0, 0: no count
+
+
+class ReadingProgress:
+    """Reports a document being read into its cache: tokens read of total and the time left,
+    from the rate so far."""
+
+    def __init__(self, sink: ProgressSink | None, title: str, nth: int = 1, of: int = 1,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.sink, self.title, self.nth, self.of, self.clock = sink, title, nth, of, clock
+        self.t0 = clock()
+        self.first_done: int | None = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.sink is None:
+            return
+        if self.first_done is None:           # a resumed prefix starts past 0
+            self.first_done, self.t0 = done, self.clock()
+        self.sink(done, total, self.line(done, total, self.clock() - self.t0))
+
+    def start(self, total: int) -> None:
+        if self.sink is not None:
+            self.sink(0, total, self.line(0, total, 0.0))
+
+    def line(self, done: int, total: int, elapsed: float) -> str:
+        which = f" ({self.nth} of {self.of})" if self.of > 1 else ""
+        text = f"reading {self.title}{which}: {done:,} of {total:,} tokens"
+        rate = (done - (self.first_done or 0)) / elapsed if elapsed > 0 else 0.0
+        if 0 < done < total and rate > 0:
+            text += f", {_duration((total - done) / rate)} left"
+        return text
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], params: SamplingParams,
            model_name: str = "", on_text: TextSink | None = None, on_stats: StatsSink | None = None,
-           cancel: Callable[[], bool] | None = None, progress: Callable[[str], None] | None = None,
+           cancel: Callable[[], bool] | None = None, progress: ProgressSink | None = None,
            save: bool = True, memory_budget: int | None = None, caches: DocCaches | None = None) -> Answer:
     """Answer ``question`` about ``doc_ids`` in one generation. ``on_text`` receives the answer
     as it streams, ``on_stats`` the engine's statistics with each piece (tokens/s, bytes read),
-    ``progress`` what is being prepared (a document read into its cache); ``cancel`` stops it."""
+    ``progress(done, total, line)`` a document being read into its cache (tokens read of total,
+    time left); ``cancel`` stops it."""
     question = question.strip()
     if not question:
         raise AskError("the question is empty")
@@ -99,7 +145,7 @@ class _Job:
     on_text: TextSink | None
     on_stats: StatsSink | None
     cancel: Callable[[], bool] | None
-    progress: Callable[[str], None] | None
+    progress: ProgressSink | None
     caches: DocCaches
     save: bool = True
     t_start: float = field(default_factory=time.perf_counter)
@@ -127,7 +173,9 @@ class _Job:
         stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
         t_prefix = time.perf_counter()
         single = doc_ids[0] if len(doc_ids) == 1 else None
-        status = self.caches.prepare(backend, single, prompt.prefix, stream.stop_now)
+        title = plan.pages[0].title if plan.pages and len(doc_ids) == 1 else f"{len(doc_ids)} documents"
+        status = self.caches.prepare(backend, single, prompt.prefix, stream.stop_now,
+                                     ReadingProgress(self.progress, title))
         prefix_s = time.perf_counter() - t_prefix
         text = stream.run(prompt.tokens) if status is not None else ""
         timings = self._timings(stream, kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
@@ -150,9 +198,9 @@ class _Job:
             if self.caches.registered(backend, p.doc_id, p.prefix) is not None:
                 statuses.append("hit")
                 continue
-            if self.progress is not None:
-                self.progress(f"reading {p.title} ({i + 1} of {len(considered)}, {len(p.prefix)} tokens)")
-            status = self.caches.prepare(backend, p.doc_id, p.prefix, stream.stop_now)
+            reading = ReadingProgress(self.progress, p.title, i + 1, len(considered))
+            reading.start(len(p.prefix))
+            status = self.caches.prepare(backend, p.doc_id, p.prefix, stream.stop_now, reading)
             if status is None:
                 return self._cancelled(doc_ids)
             statuses.append(status)
@@ -183,8 +231,10 @@ class _Job:
 
     def _timings(self, stream: AnswerStream, **parts) -> dict:
         timings = self.backend.stats.as_dict()
+        # The engine's ttft counts from its own prefill; a person waits from the question.
+        timings["engine_ttft_s"] = timings.pop("ttft_s", 0.0)
         timings.update(parts)
-        timings["first_token_s"] = round(stream.first_token_s or 0.0, 4)
+        timings["ttft_s"] = timings["first_token_s"] = round(stream.first_token_s or 0.0, 4)
         timings["total_s"] = round(time.perf_counter() - self.t_start, 3)
         return timings
 

@@ -66,16 +66,17 @@ class DocCaches:
         self.dir = Path(cache_dir) / KV_SUBDIR
 
     def prepare(self, backend: Backend, doc_id: int | None, tokens: Sequence[int],
-                cancel: Callable[[], bool] | None = None) -> str | None:
+                cancel: Callable[[], bool] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> str | None:
         """Make ``backend`` hold the prefix ``tokens``; "hit" if it was in memory or on disk,
         "miss" if computed now (and then saved, for a single document on a backend that keeps
         prefix files), None if cancelled. Backends that keep no prefix (llama.cpp) answer "miss":
-        they prefill it with the question."""
+        they prefill it with the question. ``progress(done, total)``: tokens computed so far."""
         if doc_id is None or not backend.capabilities.prefix_files:
-            result = backend.ensure_prefix(tokens, None, cancel)
+            result = backend.ensure_prefix(tokens, None, cancel, progress)
             return None if result is None else result.status
         file, key, model_fp, signature = self.locate(backend, doc_id, tokens)
-        result = backend.ensure_prefix(tokens, file, cancel)
+        result = backend.ensure_prefix(tokens, file, cancel, progress)
         if result is None:
             return None
         if result.rejected:

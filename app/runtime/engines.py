@@ -74,10 +74,17 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
     threads = plan.count
     if kv not in KV_NAMES:
         raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(KV_NAMES)}")
-    key = (chosen, str(model_path), n_ctx, threads, numa) + ((kv, attention) if chosen == "ellm" else (kv,))
+    # eLLM's blocked cache grows in place (EllmBackend.reserve), so one loaded model serves
+    # every context of its settings; llama.cpp's and the dense f16 cache are sized at load.
+    grows = chosen == "ellm" and (kv != "f16" or attention != "dense")
+    key = (chosen, str(model_path), None if grows else n_ctx, threads, numa) + (
+        (kv, attention) if chosen == "ellm" else (kv,))
     with _open_lock:
         if key in _cache:
-            return _cache[key]
+            backend = _cache[key]
+            if grows:
+                backend.reserve(n_ctx)
+            return backend
         # The model loaded now is unloaded before the new one loads: its memory counts as free.
         reclaimable = sum(_file_size(k[1]) for k in _cache)
         validate_model(model_path, n_ctx, reclaimable=reclaimable)

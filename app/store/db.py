@@ -237,13 +237,21 @@ class Store:
                 r[key] = json.loads(r[key]) if r[key] else None
         return rows
 
-    def add_summary(self, doc_id: int, summary: str, model: str, engine: str, method: str) -> int:
+    def add_summary(self, doc_id: int, summary: str, model: str, engine: str, method: str,
+                    settings_key: str | None = None) -> int:
         with self.transaction():
             cur = self.conn.execute(
-                "INSERT INTO summaries (doc_id, summary, model, engine, method, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                [doc_id, summary, model, engine, method, now()],
+                "INSERT INTO summaries (doc_id, summary, model, engine, method, created_at, settings_key) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [doc_id, summary, model, engine, method, now(), settings_key],
             )
         return int(cur.lastrowid)
+
+    def summary_for(self, doc_id: int, settings_key: str) -> dict | None:
+        """The newest summary of ``doc_id`` made with ``settings_key`` (qa/summarize.py)."""
+        rows = self.query("SELECT * FROM summaries WHERE doc_id = ? AND settings_key = ? ORDER BY id DESC LIMIT 1",
+                          [doc_id, settings_key])
+        return rows[0] if rows else None
 
     def summaries(self, doc_id: int) -> list[dict]:
         return self.query("SELECT * FROM summaries WHERE doc_id = ? ORDER BY id DESC", [doc_id])

@@ -154,12 +154,24 @@ def _v4_kv_caches(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v5_summary_keys(conn: sqlite3.Connection) -> None:
+    """A summary remembers what made it (document text, model, settings: qa/summarize.py
+    ``summary_key``), so exporting it again in another format reuses it."""
+    _script(conn,
+        """
+        ALTER TABLE summaries ADD COLUMN settings_key TEXT;
+        CREATE INDEX summaries_by_key ON summaries(doc_id, settings_key);
+        """
+    )
+
+
 # Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_documents,
     _v2_answers,
     _v3_history_and_folders,
     _v4_kv_caches,
+    _v5_summary_keys,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

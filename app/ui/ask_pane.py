@@ -8,8 +8,8 @@ import re
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtWidgets import (
-    QComboBox, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QPushButton, QSplitter, QTextBrowser,
-    QVBoxLayout, QWidget,
+    QComboBox, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSplitter,
+    QTextBrowser, QVBoxLayout, QWidget,
 )
 
 from app.qa.targets import AskTarget, KINDS, SELECTED, scope_note
@@ -30,8 +30,12 @@ def _heading(text: str) -> QLabel:
 def _stats_line(timings: dict) -> str:
     if not timings:
         return ""
+    # ttft_s counts from the question (qa/answer.py); the parts say where the wait went.
+    parts = [f"{label} {timings[key]:.1f} s" for key, label in (("prefix_s", "reading"), ("compose_s", "laying out"))
+             if timings.get(key, 0) >= 0.5]
+    where = f" ({', '.join(parts)})" if parts else ""
     return (f"{timings.get('prompt_tokens', 0)} prompt tokens · first token after "
-            f"{timings.get('ttft_s', 0):.2f} s · {timings.get('decode_tok_s', 0):.1f} tokens/s")
+            f"{timings.get('ttft_s', 0):.2f} s{where} · {timings.get('decode_tok_s', 0):.1f} tokens/s")
 
 
 class AskPane(QWidget):
@@ -100,6 +104,13 @@ class AskPane(QWidget):
         top_layout.addWidget(self.note)
         self.stats = info_label("", "stats", wrap=False)
         top_layout.addWidget(self.stats)
+        # A document read into its cache for this question: tokens read of total (the line above
+        # says which document and the time left). Hidden otherwise.
+        self.reading = QProgressBar()
+        self.reading.setObjectName("reading")
+        self.reading.setTextVisible(True)
+        self.reading.setVisible(False)
+        top_layout.addWidget(self.reading)
         splitter.addWidget(top)
 
         sources = QWidget()
@@ -183,7 +194,8 @@ class AskPane(QWidget):
         self.attended.clear()
         self._show_attended(False)
         self.note.setVisible(False)
-        self.stats.setText("Reading the document…" if n_docs == 1 else f"Reading {n_docs} documents…")
+        self.reading.setVisible(False)
+        self.stats.setText("Preparing the answer…" if n_docs == 1 else f"Preparing the answer from {n_docs} documents…")
         self._question = question
 
     def append(self, piece: str) -> None:
@@ -196,6 +208,18 @@ class AskPane(QWidget):
 
     def set_live(self, text: str) -> None:
         self.stats.setText(text)
+        self.reading.setVisible(False)
+
+    def set_reading(self, done: int, total: int, text: str) -> None:
+        """A document being read into its cache: ``done`` of ``total`` tokens (0 of 0: no count)."""
+        self.stats.setText(text)
+        if total <= 0:
+            self.reading.setVisible(False)
+            return
+        self.reading.setRange(0, total)
+        self.reading.setValue(min(done, total))
+        self.reading.setFormat(f"%p % · {done:,} of {total:,} tokens")
+        self.reading.setVisible(True)
 
     def show_answer(self, question: str, answer: str, citations: list[dict], timings: dict,
                     titles: dict[int, str], note: str = "", cancelled: bool = False,
@@ -210,6 +234,7 @@ class AskPane(QWidget):
         self._fill(self.citations, citations)
         self._fill(self.attended, attended or [])
         self._show_attended(bool(attended))
+        self.reading.setVisible(False)
         self.stats.setText(_stats_line(timings))
 
     def show_past(self, past: PastAnswer) -> None:

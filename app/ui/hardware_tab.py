@@ -58,9 +58,12 @@ class HardwareTab(QWidget):
             except Exception:  # no usable model: the report still describes the machine
                 model = None
             tokens = [d["tokens"] for d in session.store.documents() if d["status"] == "ingested"]
-            report = hardware_report(model_path=model, kv=s.kv, doc_tokens=tokens,
+            kv = s.kv
+            if kv == "auto":
+                kv = session.chosen().kv if model is not None else "f16"
+            report = hardware_report(model_path=model, kv=kv, doc_tokens=tokens,
                                      threads=s.threads, numa_policy=s.numa, probe_bandwidth=probe_bandwidth,
-                                     context=s.n_ctx)
+                                     context=s.n_ctx or None)
             if not probe_bandwidth and previous and previous.get("bandwidth_gb_s") is not None:
                 report["bandwidth_gb_s"] = previous["bandwidth_gb_s"]  # measured once is enough
                 report["bandwidth"] = previous.get("bandwidth")

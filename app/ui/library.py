@@ -11,7 +11,8 @@ from PySide6.QtWidgets import (
 from app.library.folders import documents_in, folders_to_rescan, watch_targets
 from app.ui.widgets import info_label
 
-COLUMNS = ("Title", "Pages", "Tokens", "Status")
+COLUMNS = ("Title", "Pages", "Tokens", "Status", "Read")
+READ_COLUMN = COLUMNS.index("Read")
 ALL_FOLDERS = "All folders"
 STATUS_WIDTH = 96
 WATCH_DELAY_MS = 1500  # editors write a file in several steps; wait for the last one
@@ -131,7 +132,7 @@ class LibraryPane(QWidget):
         self.table.setRowCount(len(shown))
         for r, d in enumerate(shown):
             status = d["status"] if not d["error"] else f"{d['status']}: {d['error']}"
-            values = (d["title"] or d["path"], str(d["pages"]), str(d["tokens"]), status)
+            values = (d["title"] or d["path"], str(d["pages"]), str(d["tokens"]), status, d.get("read", ""))
             for c, v in enumerate(values):
                 item = QTableWidgetItem(v)
                 item.setData(Qt.UserRole, d["id"])
@@ -149,6 +150,16 @@ class LibraryPane(QWidget):
             self._selection_changed()
         else:
             self._show_details()
+
+    def set_read_state(self, doc_id: int, state: str) -> None:
+        """A document's reading state ("not read", "reading 42 %, 3 min left", "read")."""
+        for d in self.docs:
+            if d["id"] == doc_id:
+                d["read"] = state
+        for r in range(self.table.rowCount()):
+            item = self.table.item(r, READ_COLUMN)
+            if item is not None and item.data(Qt.UserRole) == doc_id:
+                item.setText(state)
 
     def selected_ids(self) -> list[int]:
         rows = sorted({i.row() for i in self.table.selectedItems()})

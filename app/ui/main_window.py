@@ -16,6 +16,7 @@ from app.session import Session
 from app.ui.ask_pane import AskPane
 from app.ui.hardware_tab import HardwareTab
 from app.ui.library import FolderWatcher, LibraryPane
+from app.ui.reader import ReadAhead
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.summary_pane import SummaryPane
 from app.ui.viewer import DocumentViewer
@@ -28,7 +29,9 @@ CLOSE_WAIT_MS = 15_000  # how long closing waits for cancelled work to reach a s
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, read_ahead: bool = False):
+        """``read_ahead``: read the library's documents into their KV caches in the background
+        (the app does; tests that do not test it leave it off)."""
         super().__init__()
         self.session = session
         self.pool = QThreadPool.globalInstance()
@@ -60,7 +63,11 @@ class MainWindow(QMainWindow):
         splitter.setSizes([370, 390, 440])
         self.setCentralWidget(splitter)
         self.watcher = FolderWatcher(parent=self)
+        self.reader = ReadAhead(session, self.pool, parent=self)
+        self.read_ahead = read_ahead
+        self.summary_pane.reader = self.reader
         self._build_actions()
+        self.reader.sig_state.connect(self.library.set_read_state)
 
         self.library.sig_selection_changed.connect(self.selection_changed)
         self.library.folder_filter.currentIndexChanged.connect(self.update_target)
@@ -78,6 +85,8 @@ class MainWindow(QMainWindow):
             pane.sig_message.connect(self.statusBar().showMessage)
         self.statusBar().showMessage(f"Data: {session.paths.root}")
         self.refresh()
+        if read_ahead:
+            self.reader.start()
 
     def _build_actions(self) -> None:
         toolbar = QToolBar("Main")
@@ -97,6 +106,8 @@ class MainWindow(QMainWindow):
                                   "Add a folder of documents to the library")
         self.rescan_action = action("Rescan", QKeySequence.Refresh, self.rescan, "Look for new and changed files")
         self.settings_action = action("Settings…", "Ctrl+,", self.open_settings, "Model, engine, context, threads")
+        self.pause_reading_action = action("Pause reading", "Ctrl+Shift+P", self.toggle_reading,
+                                           "Pause or resume reading documents into their caches in the background")
         self.ask_action = action("Ask", "Ctrl+Return", self.ask_pane._ask, in_toolbar=False)
         self.stop_action = action("Stop", Qt.Key_Escape, self.stop, in_toolbar=False)
         self.zoom_in_action = action("Zoom in", QKeySequence.ZoomIn, self.viewer.zoom_in, in_toolbar=False)
@@ -110,6 +121,9 @@ class MainWindow(QMainWindow):
         """Read the documents and folders again and show them; watch the folders."""
         folders = self.session.store.folders()
         self.docs = self.session.store.documents()
+        states = self.reader.states()
+        for d in self.docs:
+            d["read"] = states.get(d["id"], "")
         self.library.set_folders(folders)
         self.library.set_documents(self.docs)
         self.update_target()
@@ -220,11 +234,14 @@ class MainWindow(QMainWindow):
             return None
         session = self.session
 
+        self.reader.suspend()      # the engine answers first; reading carries on afterwards
+
         def work(ctl: JobControl):
-            return answer(session.store, session.backend(), question, ids, session.sampling(),
-                          model_name=session.model_path.name, on_text=ctl.text,
-                          on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
-                          cancel=ctl.cancelled, progress=lambda what: ctl.progress(0, 0, what))
+            with session.engine_lock:
+                return answer(session.store, session.backend(session.doc_tokens(ids)), question, ids,
+                              session.sampling(), model_name=session.model_path.name, on_text=ctl.text,
+                              on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
+                              cancel=ctl.cancelled, progress=ctl.progress)
 
         job = Job(work)
         job.signals.sig_text.connect(self._streamed)
@@ -284,9 +301,20 @@ class MainWindow(QMainWindow):
         box.show()
         self._error_box = box
 
+    def toggle_reading(self) -> None:
+        """Pause reading ahead, or resume it."""
+        if self.reader.paused or not self.read_ahead:
+            self.read_ahead = True
+            self.reader.resume()
+            self.pause_reading_action.setText("Pause reading")
+        else:
+            self.reader.pause()
+            self.pause_reading_action.setText("Resume reading")
+
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         """Closing stops the work in progress: an answer at its next token, ingestion
-        after the current file, a summary at its next token."""
+        after the current file, a summary at its next token, reading after its chunk."""
+        self.reader.stop()
         for job in (self.ask_job, self.ingest_job, self.summary_pane.job):
             if job is not None:
                 job.cancel()
@@ -312,6 +340,8 @@ class MainWindow(QMainWindow):
         self.library.end_progress(self._ingest_summary)
         self._ingest_summary = ""
         self.refresh()
+        if self.read_ahead:
+            self.reader.start()
         if self.pending_rescan:
             folders, self.pending_rescan = self.pending_rescan, []
             self.ingest(folders)
@@ -341,12 +371,14 @@ class MainWindow(QMainWindow):
             self.ask_pane.set_history(history(self.session.store, current, self.ask_pane.history_search.text()),
                                       select_id=answer.answer_id)
 
-    def _ask_progress(self, _done: int, _total: int, what: str) -> None:
-        """Before the answer: which document's cache is being computed."""
-        self.ask_pane.set_live(what[:1].upper() + what[1:] + "…")
+    def _ask_progress(self, done: int, total: int, what: str) -> None:
+        """Before the answer: a document being read into its cache, tokens read of total."""
+        self.ask_pane.set_reading(done, total, what[:1].upper() + what[1:])
 
     def _ask_finished(self) -> None:
         self.ask_job = None
+        self.reader.carry_on()
+        self.refresh(watch=False)   # the document asked about is read now
         self.ask_pane.set_busy(False)
         self.hardware_tab.set_live(None, None)
 

@@ -18,12 +18,14 @@ from app.ui.workers import Job, start
 
 ENGINE_LABELS = {"auto": "Automatic (eLLM when it runs the model)", "ellm": "eLLM", "llamacpp": "llama.cpp"}
 KV_PRECISIONS = KV_SETTINGS
-KV_TIPS = {"f16": "16-bit keys and values (exact)", "k8v8": "8-bit keys and values",
+KV_TIPS = {"auto": "eLLM chooses: k8v4 on eLLM's engine, f16 on llama.cpp (README, \"Automatic settings\")",
+           "f16": "16-bit keys and values (exact)", "k8v8": "8-bit keys and values",
            "k8v4": "8-bit keys, 4-bit values (the usual trade: keys are more sensitive)",
            "k4v4": "4-bit keys and values (smallest)"}
 KV_NOW = ("KV cache precision of the answers: eLLM stores it in its blocked cache, llama.cpp as q8_0/q4_0; "
           "the KV quality probe shows what it costs in accuracy")
-ATTENTION_LABELS = {"dense": "dense (every token)", "sparse": "sparse retrieval (sinks, window, top-K blocks)"}
+ATTENTION_LABELS = {"auto": "automatic (dense within the model's trained context, sparse beyond)",
+                    "dense": "dense (every token)", "sparse": "sparse retrieval (sinks, window, top-K blocks)"}
 ATTENTION_TIP = ("eLLM only (llama.cpp always attends densely). Sparse reads a fixed number of KV blocks per "
                  "token, so long documents decode faster, and it finds facts beyond the model's trained context")
 # (label, SparseConfig field or "block", tooltip) of sparse retrieval attention: the engine's defaults,
@@ -137,10 +139,12 @@ class SettingsDialog(QDialog):
             self.engine.addItem(ENGINE_LABELS[e], e)
         form.addRow("Engine", self.engine)
         self.n_ctx = QSpinBox()
-        self.n_ctx.setRange(256, 1 << 20)
+        self.n_ctx.setRange(0, 1 << 20)
         self.n_ctx.setSingleStep(1024)
         self.n_ctx.setSuffix(" tokens")
-        self.n_ctx.setToolTip("Prompt and answer together; a longer document is reduced to its most relevant pages")
+        self.n_ctx.setSpecialValueText("Automatic (the whole document)")   # 0: runtime/auto.py
+        self.n_ctx.setToolTip("Prompt and answer together. Automatic: the whole document and the answer, as far "
+                              "as memory allows; a longer document is reduced to its most relevant pages")
         form.addRow("Context length", self.n_ctx)
         layout.addWidget(model_box)
 
@@ -263,7 +267,7 @@ class SettingsDialog(QDialog):
                        repeat_penalty=round(self.repeat_penalty.value(), 4), max_tokens=self.max_tokens.value(),
                        seed=self.seed.value(), threads=self.threads.value(), numa=self.numa.currentData(),
                        kv=self.kv.currentData(), attention=self.attention.currentData())
-        if changes["max_tokens"] >= changes["n_ctx"]:
+        if changes["n_ctx"] and changes["max_tokens"] >= changes["n_ctx"]:
             raise ValueError(f"the longest answer ({changes['max_tokens']} tokens) must be shorter than the "
                              f"context length ({changes['n_ctx']} tokens)")
         return self._base.with_(**changes)
@@ -400,7 +404,7 @@ class SettingsDialog(QDialog):
 
     def _attention_changed(self) -> None:
         """The sparse options matter (and are shown enabled) only with sparse attention."""
-        sparse = self.attention.currentData() == "sparse"
+        sparse = self.attention.currentData() in ("sparse", "auto")
         for box in self.sparse.values():
             box.setEnabled(sparse)
 

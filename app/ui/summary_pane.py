@@ -34,6 +34,7 @@ class SummaryPane(QWidget):
         self.pool = pool or QThreadPool.globalInstance()
         self.doc: dict | None = None
         self.job: Job | None = None
+        self.reader = None   # the window's ReadAhead, paused while a summary runs
         self.summary: dict | None = None  # {"title", "text", "method", "source"} of the summary shown
 
         layout = QVBoxLayout(self)
@@ -107,10 +108,14 @@ class SummaryPane(QWidget):
             return self.job
         session, doc_id = self.session, self.doc["id"]
 
+        if self.reader is not None:
+            self.reader.suspend()     # the summary needs the engine; reading carries on afterwards
+
         def work(ctl: JobControl):
-            backend = session.backend()
-            return summarize(session.store, backend, doc_id, session.sampling(),
-                             model_name=session.model_path.name, progress=ctl.progress, cancel=ctl.cancelled)
+            with session.engine_lock:
+                backend = session.backend(session.doc_tokens([doc_id]))
+                return summarize(session.store, backend, doc_id, session.sampling(),
+                                 model_name=session.model_path.name, progress=ctl.progress, cancel=ctl.cancelled)
 
         job = Job(work)
         job.signals.sig_progress.connect(self._progress)
@@ -119,7 +124,7 @@ class SummaryPane(QWidget):
         job.signals.sig_finished.connect(self._finished)
         self.progress.setVisible(True)
         self.progress.setRange(0, 0)
-        self.step.setText("Reading the document…")
+        self.step.setText("Preparing the summary…")
         self.job = start(job, self.pool)
         self._update_buttons()
         return job
@@ -186,6 +191,8 @@ class SummaryPane(QWidget):
 
     def _finished(self) -> None:
         self.job = None
+        if self.reader is not None:
+            self.reader.carry_on()
         self.progress.setVisible(False)
         self._update_buttons()
 

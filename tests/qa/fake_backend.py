@@ -83,7 +83,7 @@ class FakeBackend:
     def cache_signature(self) -> dict:
         return {"kv": "f16", "attention": "sparse" if self.capabilities.composes else "dense"}
 
-    def ensure_prefix(self, tokens, file: CacheFile | None = None, cancel=None) -> Prefix:
+    def ensure_prefix(self, tokens, file: CacheFile | None = None, cancel=None, progress=None) -> Prefix:
         tokens = list(tokens)
         if not self.capabilities.prefix_files:
             return Prefix("miss", "deferred")
@@ -93,6 +93,9 @@ class FakeBackend:
         if file is not None and file.exists and json.loads(file.path.read_text()) == tokens:
             self.cache = tokens
             return Prefix("hit", "file")
+        if progress is not None:     # "computed" in two steps, as a prefill reports its chunks
+            progress(len(tokens) // 2, len(tokens))
+            progress(len(tokens), len(tokens))
         self.cache = tokens
         saved = 0
         if file is not None:

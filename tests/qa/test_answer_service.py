@@ -112,17 +112,23 @@ def test_several_documents_on_a_composing_backend_are_read_side_by_side(store, m
                            ["The council met on Tuesday.", "The budget is twelve million euros."])
     backend = FakeBackend(model_file, answer="Twelve million euros [p. 2].", composes=True)
     progress = []
-    a = answer(store, backend, "What is the budget?", [log, minutes], PARAMS, progress=progress.append)
+    a = answer(store, backend, "What is the budget?", [log, minutes], PARAMS,
+               progress=lambda *report: progress.append(report))
     prompt = backend.detokenize(backend.prompts[-1])
     assert prompt.count("=== Document:") == 2 and prompt.count("You are eLLM") == 1   # one header, two documents
     assert prompt.index("Harbour Log") < prompt.index("Council Minutes") < prompt.index("Question:")
     assert [c["doc"] for c in a.considered] == [log, minutes] and a.note == ""
-    assert [p.startswith("reading ") for p in progress] == [True, True]
+    # Each document read: 0 of its tokens, then as the prefill reports them, up to all of them.
+    firsts = [line for done, total, line in progress if done == 0]
+    assert [f.split(":")[0] for f in firsts] == ["reading Harbour Log (1 of 2)", "reading Council Minutes (2 of 2)"]
+    assert [done == total for done, total, _ in progress] == [False, False, True] * 2
+    assert all(f"of {total:,} tokens" in line for _, total, line in progress)
     assert a.citations[0] == {"doc": minutes, "page": 2, "text": "The budget is twelve million euros."}
     assert set(a.as_dict()) >= {"considered", "note"}
     # Asked again, both documents' caches come from their files: nothing is read.
     progress.clear()
-    again = answer(store, backend, "Who met on Tuesday?", [log, minutes], PARAMS, progress=progress.append)
+    again = answer(store, backend, "Who met on Tuesday?", [log, minutes], PARAMS,
+                   progress=lambda *report: progress.append(report))
     assert progress == [] and again.timings["kv_cache"] == "hit"
 
 

@@ -14,7 +14,7 @@ from tests.reliability.helpers import cli_env, run_cli
 
 DEFAULT = default_model_path()
 FREE = 200 * 2**20  # what ELLM_FAKE_MEMAVAILABLE tells eLLM is free: less than the default model needs
-# SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; an f16 KV cache of 8192 tokens (the default context).
+# SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; an f16 KV cache of 8192 tokens (the context the tests ask for).
 KV_8192 = 8192 * 30 * 3 * (64 + 64) * 2
 
 
@@ -75,7 +75,7 @@ def test_ask_refuses_a_bad_model_before_loading_it(cli, bad_models, tmp_path, da
     assert cli("ingest", str(tmp_path / "treaty.pdf"))[0] == 0  # with the default model's tokenizer
     request.getfixturevalue("nothing_loads")
     rc, out, err = cli("ask", "Who kept the lamp?", "--doc", "treaty.pdf", "--model", str(bad_models[kind]),
-                       "--engine", "llamacpp")
+                       "--engine", "llamacpp", "--ctx", "8192")
     assert (rc, out) == (1, "")
     assert err.startswith("ellm: error: " + expected_messages(bad_models)[kind]), err
     store = Store(Paths.resolve(data_dir).db)

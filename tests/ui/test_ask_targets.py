@@ -33,7 +33,7 @@ def services(monkeypatch, session):
         if len(doc_ids) == 1:
             on_text("One document.")
             return Answer(question, "One document.", [], {}, ContextPlan(), "fake", model_name, list(doc_ids))
-        progress(f"reading document {doc_ids[0]} (1 of {len(doc_ids)}, 50 tokens)")
+        progress(25, 50, f"reading document {doc_ids[0]} (1 of {len(doc_ids)}): 25 of 50 tokens")
         text = "The budget is 12 million euros [p. 1]; Marta Quill kept the lamp [p. 2]."
         for word in text.split(" "):
             on_text(word + " ")
@@ -45,7 +45,7 @@ def services(monkeypatch, session):
         return answer
 
     monkeypatch.setattr("app.qa.answer.answer", fake_answer)
-    monkeypatch.setattr(session, "backend", lambda: None)  # no model is loaded
+    monkeypatch.setattr(session, "backend", lambda doc_tokens=None: None)  # no model is loaded
     return fakes
 
 
@@ -129,14 +129,14 @@ def test_an_answer_across_documents_shows_progress_note_and_opens_each_cited_doc
     assert library.current_id() == treaty and window.viewer.doc_id == treaty
     services.cite = [(notes, 1, "The budget for 2025 is 12 million euros."),
                      (treaty, 2, "Marta Quill, who kept the lamp of the northern lighthouse burning")]
-    live: list[str] = []
-    real_set_live = pane.set_live
-    monkeypatch.setattr(pane, "set_live", lambda text: (live.append(text), real_set_live(text)))
+    reading: list[tuple] = []
+    real_set_reading = pane.set_reading
+    monkeypatch.setattr(pane, "set_reading", lambda *r: (reading.append(r), real_set_reading(*r)))
 
     answer, pieces = ask_and_wait(qtbot, window, "What is the budget and who kept the lamp?")
     first, last = sorted([treaty, notes])
     assert services.calls == [("answer", [first, last])]
-    assert live[0] == f"Reading document {first} (1 of 2, 50 tokens)…"
+    assert reading[0] == (25, 50, f"Reading document {first} (1 of 2): 25 of 50 tokens")
     assert "".join(pieces).strip() == answer.answer
     assert pane.note.isVisibleTo(pane) and pane.note.text() == f"Note: {NOTE}"
     titles = window.titles()

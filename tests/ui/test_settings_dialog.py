@@ -62,7 +62,9 @@ def test_settings_round_trip(qtbot, window, session):
 
     qtbot.mouseClick(again.restore_button, Qt.LeftButton)
     assert again.values() == Settings()
-    assert again.engine.currentData() == "auto" and again.n_ctx.value() == 8192
+    assert again.engine.currentData() == "auto" and again.n_ctx.value() == 0
+    assert again.n_ctx.text() == "Automatic (the whole document)"
+    assert (again.kv.currentData(), again.attention.currentData()) == ("auto", "auto")
     qtbot.mouseClick(again.save_button, Qt.LeftButton)
     assert session.settings == Settings() and session.store.settings() == {}
 
@@ -119,7 +121,7 @@ def test_every_kv_precision_and_attention_can_be_chosen(qtbot, window):
     dialog = open_dialog(qtbot, window)
     assert [dialog.kv.itemText(i) for i in range(dialog.kv.count())] == list(KV_PRECISIONS)
     assert all(dialog.kv.model().item(i).isEnabled() for i in range(dialog.kv.count()))
-    assert [dialog.attention.itemData(i) for i in range(dialog.attention.count())] == ["dense", "sparse"]
+    assert [dialog.attention.itemData(i) for i in range(dialog.attention.count())] == ["auto", "dense", "sparse"]
     assert dialog.kv_probe_button.isEnabled()
 
 
@@ -129,6 +131,9 @@ def test_sparse_options_show_the_engine_defaults_read_only(qtbot, window):
     assert {name: dialog.sparse[name].value() for _, name, _ in SPARSE_FIELDS} == {
         "block": BLOCK, "sinks": defaults.sinks, "window": defaults.window, "top_k": defaults.top_k}
     assert all(box.isReadOnly() for box in dialog.sparse.values())
+    assert dialog.attention.currentData() == "auto"          # sparse beyond the trained context: they apply
+    assert all(box.isEnabled() for box in dialog.sparse.values())
+    dialog.attention.setCurrentIndex(dialog.attention.findData("dense"))
     assert not any(box.isEnabled() for box in dialog.sparse.values()), "dense attention: they do not apply"
     dialog.attention.setCurrentIndex(dialog.attention.findData("sparse"))
     assert all(box.isEnabled() and box.isReadOnly() for box in dialog.sparse.values())

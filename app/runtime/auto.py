@@ -1,0 +1,94 @@
+"""The automatic settings: the context, KV format and attention a question gets when a person
+has chosen none of them (``Settings`` n_ctx 0, kv "auto", attention "auto"). Whatever a person
+did choose is kept as chosen.
+
+The rules (README, "Automatic settings", gives the figures behind them):
+
+* context: the whole of the documents asked about, plus the answer and the question, rounded
+  up to ``CONTEXT_STEP``, as far as free memory allows next to the model (kv/sizes.py
+  ``max_context``: the KV calculator). llama.cpp stops at the model's trained context; eLLM's
+  engine goes beyond it with sparse attention, whose positions are remapped into the trained
+  window. When even that does not fit, the answer reads the pages most relevant to the question
+  and says so (qa/pages.py).
+* KV format: ``AUTO_KV`` (8-bit keys, 4-bit values, KIVI's split) on eLLM's engine: 3.4x
+  smaller than f16, persisted and composable across documents, with the engine's attended
+  passages as citations; f16 on llama.cpp (its default) and for a completion without documents
+  (nothing to persist: llama.cpp's numerics, token for token).
+* attention: dense while the context is within the model's trained window (every token read:
+  the answer is the model's own over the whole document), sparse beyond it, where dense
+  attention would run the model at positions it never saw.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engine.kv.sizes import KVShape, kv_bytes_per_token, max_context
+from app.runtime.model_files import mem_available, scan_gguf
+
+AUTO = "auto"
+AUTO_KV = "k8v4"
+CONTEXT_STEP = 4096          # automatic contexts are multiples of this (fewer backend reloads)
+MIN_AUTO_CONTEXT = 4096
+NO_DOCUMENT_CONTEXT = 8192   # a completion without documents
+PROMPT_ROOM = 512            # system prompt, question and chat template around the document
+PAGE_MARKERS = 1.05          # "[page N]" markers add about 5 % to a document's tokens
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What a question runs with, and why, when the settings leave it to eLLM."""
+
+    n_ctx: int
+    kv: str
+    attention: str
+    wanted: int = 0        # tokens the documents and the answer need (0: no documents)
+    note: str = ""         # what a person should know (memory too small for the whole document)
+
+    def as_dict(self) -> dict:
+        return {"n_ctx": self.n_ctx, "kv": self.kv, "attention": self.attention, "wanted": self.wanted,
+                "note": self.note}
+
+
+def choose(settings, model_path: Path, engine: str, doc_tokens: int | None = None,
+           free_bytes: int | None = None) -> Chosen:
+    """The context, KV format and attention for ``doc_tokens`` tokens of documents on
+    ``engine`` ("ellm" | "llamacpp"); ``free_bytes`` defaults to MemAvailable."""
+    layout = scan_gguf(model_path)
+    trained = layout.context_length or NO_DOCUMENT_CONTEXT
+    kv = settings.kv if settings.kv != AUTO else (AUTO_KV if engine == "ellm" and doc_tokens else "f16")
+    n_ctx, wanted, note = settings.n_ctx, 0, ""
+    if n_ctx <= 0:
+        n_ctx, wanted, note = _auto_context(settings, layout, kv, engine, trained, doc_tokens, free_bytes)
+    attention = settings.attention
+    if attention == AUTO:
+        attention = "sparse" if engine == "ellm" and n_ctx > trained else "dense"
+    return Chosen(n_ctx, kv, attention, wanted, note)
+
+
+def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_tokens: int | None,
+                  free_bytes: int | None) -> tuple[int, int, str]:
+    if not doc_tokens:
+        return min(trained, NO_DOCUMENT_CONTEXT), 0, ""
+    wanted = math.ceil(doc_tokens * PAGE_MARKERS) + PROMPT_ROOM + settings.max_tokens
+    n_ctx = max(MIN_AUTO_CONTEXT, -(-wanted // CONTEXT_STEP) * CONTEXT_STEP)
+    if engine == "llamacpp" and n_ctx > trained:
+        n_ctx = max(MIN_AUTO_CONTEXT, trained)
+    free = mem_available() if free_bytes is None else free_bytes
+    if free is not None:
+        per_token = kv_bytes_per_token(KVShape.from_layout(layout), kv)
+        fits = max_context(per_token, free, layout.file_size) // CONTEXT_STEP * CONTEXT_STEP
+        if fits < n_ctx:
+            n_ctx = max(MIN_AUTO_CONTEXT, fits)
+    note = ""
+    if n_ctx < wanted:
+        why = (f"{engine} reads at most the model's trained {trained:,} tokens"
+               if engine == "llamacpp" and n_ctx == trained else "free memory allows a context of "
+               f"{n_ctx:,} tokens")
+        note = (f"the documents need a context of {wanted:,} tokens and {why}: the pages most relevant to "
+                f"the question are read")
+    return n_ctx, wanted, note
+
+
+__all__ = ["AUTO", "AUTO_KV", "Chosen", "choose"]

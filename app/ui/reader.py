@@ -1,0 +1,125 @@
+"""Reading ahead in the window: the documents of the library read into their KV caches in the
+background, one at a time, so that the first question about each starts answering at once
+(app/qa/reading.py does the reading; this is its Qt side).
+
+It starts after ingestion and when the window opens, yields to the person: a question or a
+summary pauses it (``suspend``) and it carries on afterwards (``carry_on``); *Pause reading*
+stops it until the person resumes. Each document's state goes to the library
+(``sig_state``: "reading 42 %, 3 min left", "read").
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, QThreadPool, Signal
+
+from app.qa.reading import NOT_READ, READ, read_document, read_states
+from app.ui.workers import Job, JobControl, start
+
+
+class ReadAhead(QObject):
+    sig_state = Signal(int, str)
+    """(document id, its reading state for the library)."""
+    sig_idle = Signal()
+    """Nothing is being read (every document read, paused, or suspended)."""
+
+    def __init__(self, session, pool: QThreadPool, parent=None):
+        super().__init__(parent)
+        self.session, self.pool = session, pool
+        self.job: Job | None = None
+        self.paused = False
+        self.suspended = 0
+        self._doc: int | None = None
+
+    # ---- Public API --------------------------------------------------------
+
+    def states(self) -> dict[int, str]:
+        try:
+            return read_states(self.session.store, self.session.model_path)
+        except Exception:   # no model yet: nothing is read
+            return {}
+
+    def start(self) -> Job | None:
+        """Read the documents not read yet (nothing when paused, suspended or already reading)."""
+        if self.paused or self.suspended or self.job is not None:
+            return self.job
+        try:
+            if not self.session.backend_keeps_files():
+                return None   # llama.cpp or the dense f16 cache: nothing would persist
+        except Exception:
+            return None
+        todo = [doc_id for doc_id, state in self.states().items() if state == NOT_READ and self._readable(doc_id)]
+        if not todo:
+            return None
+        session = self.session
+
+        def work(ctl: JobControl):
+            from app.qa.doc_cache import DocCaches, store_cache_dir
+
+            caches = DocCaches(session.store, store_cache_dir(session.store))
+            done = []
+            for i, doc_id in enumerate(todo):
+                if ctl.cancelled():
+                    break
+                with session.engine_lock:
+                    backend = session.backend(session.doc_tokens([doc_id]))
+                    result = read_document(session.store, backend, doc_id, caches, cancel=ctl.cancelled,
+                                           progress=lambda d, t, line, doc=doc_id: ctl.progress(d, t, f"{doc}\t{line}"),
+                                           nth=i + 1, of=len(todo))
+                done.append(result)
+                ctl.progress(1, 1, f"{doc_id}\t{result.status}")
+            return done
+
+        job = Job(work)
+        job.signals.sig_progress.connect(self._progress)
+        job.signals.sig_finished.connect(self._finished)
+        self.job = start(job, self.pool)
+        return job
+
+    def pause(self) -> None:
+        """The person paused reading: stop after the current chunk, until ``resume``."""
+        self.paused = True
+        self._stop()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.start()
+
+    def suspend(self) -> None:
+        """A question or a summary needs the engine: stop reading after the current chunk."""
+        self.suspended += 1
+        self._stop()
+
+    def carry_on(self) -> None:
+        self.suspended = max(0, self.suspended - 1)
+        self.start()
+
+    def stop(self) -> None:
+        """The window closes."""
+        self.paused = True
+        self._stop()
+
+    # ---- Internals ---------------------------------------------------------
+
+    def _readable(self, doc_id: int) -> bool:
+        doc = self.session.store.document(doc_id)
+        return bool(doc) and doc["status"] == "ingested" and doc["pages"] > 0
+
+    def _stop(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+            if self._doc is not None:
+                self.sig_state.emit(self._doc, "paused" if self.paused else NOT_READ)
+
+    def _progress(self, done: int, total: int, what: str) -> None:
+        doc, _, line = what.partition("\t")
+        self._doc = int(doc)
+        if line in (READ, "already read"):
+            self.sig_state.emit(self._doc, READ)
+            self._doc = None
+        elif total > 0 and line.startswith("reading"):
+            left = line.rsplit(", ", 1)[1] if line.endswith(" left") else ""
+            self.sig_state.emit(self._doc, f"reading {100 * done // total} %" + (f", {left}" if left else ""))
+
+    def _finished(self) -> None:
+        self.job = None
+        self._doc = None
+        self.sig_idle.emit()

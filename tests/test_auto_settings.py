@@ -1,0 +1,70 @@
+"""The automatic settings (app/runtime/auto.py): the context holds the whole document and the
+answer as far as memory allows, k8v4 on eLLM's engine, dense attention inside the trained
+context and sparse beyond it; whatever a person chose is kept."""
+from __future__ import annotations
+
+import pytest
+
+from app.runtime.auto import AUTO_KV, CONTEXT_STEP, NO_DOCUMENT_CONTEXT, choose
+from app.runtime.model_files import packaged_model_path, scan_gguf
+from app.settings import Settings
+
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def model():
+    path = packaged_model_path()
+    return path, scan_gguf(path).context_length
+
+
+def test_the_defaults_leave_the_context_kv_and_attention_to_eLLM():
+    s = Settings()
+    assert (s.n_ctx, s.kv, s.attention) == (0, "auto", "auto")
+
+
+def test_a_document_inside_the_trained_context_is_read_whole_and_densely(model):
+    path, trained = model
+    c = choose(Settings(), path, "ellm", doc_tokens=2000, free_bytes=16 * GIB)
+    wanted = int(2000 * 1.05) + 512 + Settings().max_tokens
+    assert c.wanted == wanted and c.n_ctx == -(-wanted // CONTEXT_STEP) * CONTEXT_STEP == 4096
+    assert (c.kv, c.attention, c.note) == (AUTO_KV, "dense", "")
+    assert c.n_ctx <= trained
+
+
+def test_beyond_the_trained_context_the_engine_attends_sparsely(model):
+    path, trained = model
+    c = choose(Settings(), path, "ellm", doc_tokens=3 * trained, free_bytes=16 * GIB)
+    assert c.n_ctx >= c.wanted > 3 * trained and c.n_ctx % CONTEXT_STEP == 0
+    assert (c.kv, c.attention, c.note) == (AUTO_KV, "sparse", "")
+
+
+def test_llama_cpp_stops_at_the_trained_context_and_says_so(model):
+    path, trained = model
+    c = choose(Settings(), path, "llamacpp", doc_tokens=3 * trained, free_bytes=16 * GIB)
+    assert (c.n_ctx, c.kv, c.attention) == (trained, "f16", "dense")
+    assert "trained" in c.note and "most relevant" in c.note
+
+
+def test_free_memory_bounds_the_context_and_the_note_says_so(model):
+    path, _ = model
+    roomy = choose(Settings(), path, "ellm", doc_tokens=200_000, free_bytes=64 * GIB)
+    tight = choose(Settings(), path, "ellm", doc_tokens=200_000, free_bytes=2 * GIB)
+    assert roomy.n_ctx >= roomy.wanted and roomy.note == ""
+    assert CONTEXT_STEP <= tight.n_ctx < tight.wanted and "free memory" in tight.note
+
+
+def test_without_documents_a_completion_gets_the_usual_context(model):
+    path, trained = model
+    c = choose(Settings(), path, "ellm", doc_tokens=None, free_bytes=16 * GIB)
+    assert c.n_ctx == min(trained, NO_DOCUMENT_CONTEXT) and c.wanted == 0
+    assert (c.kv, c.attention) == ("f16", "dense")      # nothing to persist: llama.cpp's numerics
+
+
+def test_a_persons_choices_are_kept(model):
+    path, _ = model
+    s = Settings(n_ctx=2048, kv="f16", attention="sparse")
+    c = choose(s, path, "ellm", doc_tokens=100_000, free_bytes=16 * GIB)
+    assert (c.n_ctx, c.kv, c.attention, c.note) == (2048, "f16", "sparse", "")
+    with pytest.raises(ValueError, match="0 \\(automatic\\) or at least 256"):
+        Settings(n_ctx=100)

@@ -1,0 +1,64 @@
+"""Reading in the window: the library's Read column, reading ahead in the background with its
+progress, pausing it, and the ask pane's progress bar while a document is read for a question."""
+from __future__ import annotations
+
+from app.qa.reading import NOT_READ, READ
+from app.settings import Settings
+from app.ui.library import READ_COLUMN
+from tests.docs.make_samples import make_text
+from tests.ui.helpers import doc_id, ingest, row_of
+
+# eLLM's engine with the automatic KV and attention: the blocked cache, whose files persist.
+READING = Settings(engine="ellm", max_tokens=8, temperature=0.0)
+
+
+def test_the_ask_pane_shows_tokens_read_of_total_while_a_document_is_read(qtbot, window):
+    pane = window.ask_pane
+    pane.begin("What is it?")
+    assert pane.stats.text() == "Preparing the answer…" and not pane.reading.isVisible()
+    window._ask_progress(1200, 4800, "reading Manual: 1,200 of 4,800 tokens, 2 min left")
+    assert pane.reading.isVisible() and (pane.reading.value(), pane.reading.maximum()) == (1200, 4800)
+    assert pane.stats.text() == "Reading Manual: 1,200 of 4,800 tokens, 2 min left"
+    assert pane.reading.text() == "25 % · 1,200 of 4,800 tokens"
+    pane.set_live("Generating… ≈3.0 tokens/s")
+    assert not pane.reading.isVisible()
+
+
+def test_documents_are_read_ahead_and_the_library_shows_their_state(qtbot, window, session, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    make_text(folder / "a.txt", "Alpha\n\n" + "The alpha report describes the northern harbour. " * 20)
+    make_text(folder / "b.txt", "Beta\n\n" + "The beta memo lists the council's budget lines. " * 20)
+    session.save_settings(READING)
+    ingest(qtbot, window, folder)
+    assert {window.library.table.item(r, READ_COLUMN).text() for r in range(2)} == {NOT_READ}
+    states = []
+    window.reader.sig_state.connect(lambda doc, state: states.append((doc, state)))
+    window.read_ahead = True
+    job = window.reader.start()
+    assert job is not None
+    qtbot.waitUntil(lambda: window.reader.job is None, timeout=300_000)
+    window.refresh()
+    assert [window.library.table.item(r, READ_COLUMN).text() for r in range(2)] == [READ, READ]
+    a, b = doc_id(window, "a.txt"), doc_id(window, "b.txt")
+    assert (a, READ) in states and (b, READ) in states
+    assert {r["doc_id"] for r in session.store.kv_caches()} == {a, b}
+    # Nothing left to read: starting again does nothing.
+    assert window.reader.start() is None
+
+
+def test_pausing_stops_reading_until_resumed(qtbot, window, session, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    make_text(folder / "c.txt", "Gamma\n\n" + "The gamma letter thanks the lighthouse keeper. " * 20)
+    session.save_settings(READING)
+    ingest(qtbot, window, folder)
+    window.read_ahead = True
+    window.toggle_reading()                                   # pause
+    assert window.reader.paused and window.pause_reading_action.text() == "Resume reading"
+    assert window.reader.start() is None                      # paused: nothing starts
+    window.toggle_reading()                                   # resume
+    assert not window.reader.paused and window.pause_reading_action.text() == "Pause reading"
+    qtbot.waitUntil(lambda: window.reader.job is None, timeout=300_000)
+    window.refresh()
+    assert window.library.table.item(row_of(window, "Gamma"), READ_COLUMN).text() == READ
