@@ -21,6 +21,9 @@ from .model.transformer import Model
 from .sampling import Sampler
 
 
+CHECKPOINT_S = 60.0   # while a long prefix is read, its part computed so far is saved this often
+
+
 class EllmBackend:
     """A GGUF model run by our engine, with one KV cache that later calls reuse when their
     prompt starts with what it already holds (a follow-up question re-reads nothing)."""
@@ -197,15 +200,27 @@ class EllmBackend:
                 rejected = f"{file.path}: the KV cache file holds other tokens"
             except CacheFileError as e:
                 rejected = str(e)
+        partial = _partial_path(file) if self.blocked and file is not None else None
+        if partial is not None and cache.common_prefix(tokens) < len(tokens) // 2:
+            self._resume_from(partial, file.meta, tokens)
         keep = cache.common_prefix(tokens) // self.prefill_chunk * self.prefill_chunk
         cache.truncate(keep)
         if keep == 0:
             cache.clear()
-        report = None if progress is None else (lambda done, _n: progress(keep + done, len(tokens)))
-        if report is not None:
-            report(0, len(tokens) - keep)
+        last_save = [time.perf_counter()]
+
+        def after_chunk(done: int, _n: int) -> None:
+            if progress is not None:
+                progress(keep + done, len(tokens))
+            if partial is not None and time.perf_counter() - last_save[0] >= CHECKPOINT_S:
+                self._checkpoint(partial, file.meta)
+                last_save[0] = time.perf_counter()
+
+        after_chunk(0, len(tokens) - keep)
         if prefill(self.model, cache, tokens[keep:], self.prefill_chunk, cancel, state=self.state,
-                   progress=report) is None:
+                   progress=after_chunk) is None:
+            if partial is not None and cache.n_tokens > keep:
+                self._checkpoint(partial, file.meta)      # a paused reading resumes from here
             cache.clear()
             return None
         saved, save_error = 0, ""
@@ -214,9 +229,35 @@ class EllmBackend:
             if file is not None:
                 try:
                     saved = kv_files.save(cache, file.path, file.meta)
+                    partial.unlink(missing_ok=True)
                 except OSError as e:
                     save_error = f"{file.path}: {e.strerror or e}"
         return Prefix("miss", "computed", saved, rejected, save_error)
+
+    def _checkpoint(self, path: Path, meta: dict) -> None:
+        """The part of a prefix computed so far, in whole prefill chunks, written beside its file
+        (a full disk only loses the checkpoint)."""
+        n = self.cache.n_tokens
+        if n == 0 or n % self.prefill_chunk:
+            return          # only after a whole chunk: a resumed prefix must equal a fresh one
+        try:
+            kv_files.save(self.cache, path, meta)
+        except OSError:
+            pass
+
+    def _resume_from(self, path: Path, meta: dict, tokens: list[int]) -> None:
+        """Load the checkpoint of this prefix, if one exists and holds its first tokens."""
+        if not path.exists():
+            return
+        try:
+            kv_files.load(self.cache, path, meta)
+        except CacheFileError:
+            path.unlink(missing_ok=True)
+            self.cache.clear()
+            return
+        if self.cache.common_prefix(tokens) < self.cache.n_tokens:    # another prefix's: not ours
+            self.cache.clear()
+            path.unlink(missing_ok=True)
 
     def compose(self, files: Sequence[CacheFile], skip: int, room: int) -> list[int]:
         """The files' prefixes side by side: the first memory-mapped whole, the others copied
@@ -268,6 +309,11 @@ class EllmBackend:
     def close(self) -> None:
         self.cache = None
         self.model = None
+
+
+def _partial_path(file: CacheFile) -> Path:
+    """Where the checkpoint of ``file``'s prefix lives while it is being computed."""
+    return Path(file.path).with_name(Path(file.path).name + ".partial")
 
 
 def _checked(file: CacheFile, read):

@@ -1,0 +1,62 @@
+"""A long document prefix read in several sittings: while it is computed its part so far is
+checkpointed beside its cache file; a reading stopped (paused, the app closed) resumes from the
+checkpoint, and the cache it ends with is the one an uninterrupted reading writes, byte for byte."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine import ellm_backend
+from app.engine.backend import CacheFile
+from app.engine.ellm_backend import EllmBackend
+
+CHUNK = 64
+
+
+@pytest.fixture
+def doc():
+    return np.random.default_rng(3).integers(3, 2000, 10 * CHUNK + 17).tolist()   # (T,) token ids
+
+
+def backend(path):
+    return EllmBackend(path, n_ctx=2048, kv="k8v4", attention="dense", prefill_chunk=CHUNK)
+
+
+def test_a_stopped_reading_resumes_from_its_checkpoint_and_ends_as_a_fresh_one(tiny_model, tmp_path, doc,
+                                                                               monkeypatch):
+    model = tiny_model("llama")
+    meta = {"key": "doc", "kv": "k8v4"}
+    fresh = CacheFile(tmp_path / "fresh.kv", meta)
+    assert backend(model).ensure_prefix(doc, fresh).status == "miss"
+
+    monkeypatch.setattr(ellm_backend, "CHECKPOINT_S", 0.0)     # checkpoint after every chunk
+    file = CacheFile(tmp_path / "doc.kv", meta)
+    partial = tmp_path / "doc.kv.partial"
+    seen: list[int] = []
+    stop_after_4 = lambda: len(seen) > 4                        # noqa: E731  (progress 0, then 4 chunks)
+    first = backend(model)
+    assert first.ensure_prefix(doc, file, cancel=stop_after_4, progress=lambda d, t: seen.append(d)) is None
+    assert partial.exists() and not file.path.exists()
+    assert seen[:5] == [0, CHUNK, 2 * CHUNK, 3 * CHUNK, 4 * CHUNK]
+
+    resumed: list[tuple[int, int]] = []
+    again = backend(model)                                     # another process: nothing in memory
+    result = again.ensure_prefix(doc, file, progress=lambda d, t: resumed.append((d, t)))
+    assert result.status == "miss" and result.saved_bytes > 0
+    assert resumed[0] == (4 * CHUNK, len(doc)) and resumed[-1] == (len(doc), len(doc))
+    assert not partial.exists()
+    assert file.path.read_bytes() == fresh.path.read_bytes()
+
+
+def test_a_checkpoint_of_other_tokens_is_ignored_and_removed(tiny_model, tmp_path, doc, monkeypatch):
+    model = tiny_model("llama")
+    meta = {"key": "doc", "kv": "k8v4"}
+    monkeypatch.setattr(ellm_backend, "CHECKPOINT_S", 0.0)
+    file = CacheFile(tmp_path / "doc.kv", meta)
+    calls = []
+    other = [t + 1 for t in doc]
+    assert backend(model).ensure_prefix(other, file, cancel=lambda: len(calls) > 3,
+                                        progress=lambda d, t: calls.append(d)) is None
+    seen: list[int] = []
+    assert backend(model).ensure_prefix(doc, file, progress=lambda d, t: seen.append(d)).status == "miss"
+    assert seen[0] == 0 and not (tmp_path / "doc.kv.partial").exists()
