@@ -54,6 +54,13 @@ def test_free_memory_bounds_the_context_and_the_note_says_so(model):
     assert CONTEXT_STEP <= tight.n_ctx < tight.wanted and "free memory" in tight.note
 
 
+def test_a_document_just_inside_the_trained_context_stays_dense(model):
+    path, trained = model
+    doc = int((trained - 512 - Settings().max_tokens) / 1.05) - 8
+    c = choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=16 * GIB)
+    assert c.wanted <= trained and (c.n_ctx, c.attention) == (trained, "dense")
+
+
 def test_without_documents_a_completion_gets_the_usual_context(model):
     path, trained = model
     c = choose(Settings(), path, "ellm", doc_tokens=None, free_bytes=16 * GIB)

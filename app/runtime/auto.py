@@ -73,6 +73,8 @@ def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_toke
         return min(trained, NO_DOCUMENT_CONTEXT), 0, ""
     wanted = math.ceil(doc_tokens * PAGE_MARKERS) + PROMPT_ROOM + settings.max_tokens
     n_ctx = max(MIN_AUTO_CONTEXT, -(-wanted // CONTEXT_STEP) * CONTEXT_STEP)
+    if wanted <= trained < n_ctx:
+        n_ctx = trained          # rounding must not push a document that fits out of the trained window
     if engine == "llamacpp" and n_ctx > trained:
         n_ctx = max(MIN_AUTO_CONTEXT, trained)
     free = mem_available() if free_bytes is None else free_bytes
