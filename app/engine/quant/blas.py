@@ -97,6 +97,13 @@ def _rows_q4(qs, d, m, has_min, n_out, n_parts, out):
 
 
 @njit(parallel=True, nogil=True, cache=True)
+def _rows_q5(qs, qh, d, m, has_min, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        legacy.rows_q5(qs, qh, d, m, has_min, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
 def _rows_q8_0(qs, d, n_out, n_parts, out):
     for c in prange(n_parts):
         r0, r1 = chunk_groups(c, n_parts, n_out)
@@ -124,6 +131,6 @@ def _rows_float(wt, kind, n_out, n_parts, out):
         floats.rows_float(wt, kind, n_out, np.arange(r0, r1), out[r0:r1])
 
 
-_PARALLEL_ROWS = {legacy.rows_q4: _rows_q4, legacy.rows_q8_0: _rows_q8_0,
+_PARALLEL_ROWS = {legacy.rows_q4: _rows_q4, legacy.rows_q5: _rows_q5, legacy.rows_q8_0: _rows_q8_0,
                   kquants.rows_q45_k: _rows_q45_k, kquants.rows_q6_k: _rows_q6_k,
                   floats.rows_float: _rows_float}
