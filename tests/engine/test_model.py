@@ -107,7 +107,7 @@ def test_logits_match_llamacpp(tiny_model, llama_cpp, arch, qtype):
 # within 2.6e-7 of the largest logit (float order); 1e-3 leaves room for a flipped rounding of
 # an 8-bit activation on another machine.
 OTHER_FORMATS_TOL = 1e-3
-OTHER_FORMATS = [Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+OTHER_FORMATS = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -45,7 +45,7 @@ SUPPORTED = tuple(sorted((Q[name] for name in WEIGHT_TYPES), key=int))   # model
 
 _REPACK = {
     Q.Q4_0: legacy.repack_q4_0, Q.Q4_1: legacy.repack_q4_1, Q.Q8_0: legacy.repack_q8_0,
-    Q.Q5_0: legacy.repack_q5_0,
+    Q.Q5_0: legacy.repack_q5_0, Q.Q5_1: legacy.repack_q5_1,
     Q.Q4_K: kquants.repack_q4_k, Q.Q5_K: kquants.repack_q5_k, Q.Q6_K: kquants.repack_q6_k,
     Q.F32: floats.repack_float, Q.F16: floats.repack_float, Q.BF16: floats.repack_float,
 }
