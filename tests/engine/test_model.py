@@ -103,11 +103,12 @@ def test_logits_match_llamacpp(tiny_model, llama_cpp, arch, qtype):
 
 # Every other weight format on a tiny model. The formats with super-blocks of 256 need
 # D = F = 256 (head_dim 64). Random blocks stand in for the weights where gguf cannot quantize
-# (tiny_gguf.py). Measured on the llama model: Q5_0 and Q5_1 logits bit-identical, the others
-# within 2.6e-7 of the largest logit (float order); 1e-3 leaves room for a flipped rounding of
-# an 8-bit activation on another machine.
-OTHER_FORMATS_TOL = 1e-3
-OTHER_FORMATS = [Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# (tiny_gguf.py). Measured here: Q5_0 and Q5_1 logits bit-identical; the others within 3e-7 of
+# the largest logit (float order), except where a last-bit difference flips the rounding of one
+# 8-bit activation (IQ4_NL on qwen2: one prompt position at 7.3e-3). So the tolerance is that
+# of the other quantized types; a wrong scale or bit in a kernel costs O(1).
+OTHER_FORMATS_TOL = 3e-2
+OTHER_FORMATS = [Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
