@@ -108,7 +108,7 @@ def test_logits_match_llamacpp(tiny_model, llama_cpp, arch, qtype):
 # 8-bit activation (IQ4_NL on qwen2: one prompt position at 7.3e-3). So the tolerance is that
 # of the other quantized types; a wrong scale or bit in a kernel costs O(1).
 OTHER_FORMATS_TOL = 3e-2
-OTHER_FORMATS = [Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
+OTHER_FORMATS = [Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -28,8 +28,8 @@ from tests.engine.random_blocks import LAYOUT, f16_bytes, random_blocks
 
 F32 = np.float32
 N_OUT, N_IN, N_TOK = 200, 512, 3          # 200 rows: 12 groups of 16 plus a narrower one of 8
-ALL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS,
-             Q.F32, Q.F16, Q.BF16]
+ALL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+             Q.IQ4_XS, Q.F32, Q.F16, Q.BF16]
 
 # ||ours - dense f32|| / ||dense|| for gaussian activations: the error of quantizing them to
 # int8 (~0.55 % measured), f16 (~0.02 %) or bf16 (~0.16 %); the weights are the same

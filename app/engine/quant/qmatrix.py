@@ -12,8 +12,8 @@ without copying it to f32:
 At construction the blocks are repacked once into the row-group planes of
 ``quant/layout.py`` (same number of bytes as the GGUF tensor; see that module for why), and
 every product runs in the multi-threaded numba kernels of ``quant/legacy.py`` (Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0), ``quant/kquants.py`` (Q4_K, Q5_K, Q6_K), ``quant/iquants.py`` (IQ4_NL, IQ4_XS) and
-``quant/floats.py`` (F32, F16, BF16). The activations are
+Q5_1, Q8_0), ``quant/kquants.py`` (Q4_K, Q5_K, Q6_K), ``quant/kquants_low.py`` (Q2_K, Q3_K), ``quant/iquants.py``
+(IQ4_NL, IQ4_XS) and ``quant/floats.py`` (F32, F16, BF16). The activations are
 quantized the way llama.cpp's CPU backend quantizes them (``quant/activations.py``), so our products
 equal llama.cpp's: bit for bit for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, and IQ4_NL batches (its AVX2 lane order,
 see ``quant/legacy.py``;
@@ -37,7 +37,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from gguf.gguf_reader import ReaderTensor
 
 from ..ops.f16 import f16_plane_is_plain
-from . import floats, iquants, kquants, legacy
+from . import floats, iquants, kquants, kquants_low, legacy
 from ..model.support import WEIGHT_TYPES
 from .layout import GROUP, num_threads
 
@@ -48,13 +48,14 @@ SUPPORTED = tuple(sorted((Q[name] for name in WEIGHT_TYPES), key=int))   # model
 _REPACK = {
     Q.Q4_0: legacy.repack_q4_0, Q.Q4_1: legacy.repack_q4_1, Q.Q8_0: legacy.repack_q8_0,
     Q.Q5_0: legacy.repack_q5_0, Q.Q5_1: legacy.repack_q5_1,
+    Q.Q2_K: kquants_low.repack_q2_k, Q.Q3_K: kquants_low.repack_q3_k,
     Q.Q4_K: kquants.repack_q4_k, Q.Q5_K: kquants.repack_q5_k, Q.Q6_K: kquants.repack_q6_k,
     Q.IQ4_NL: iquants.repack_iq4_nl, Q.IQ4_XS: iquants.repack_iq4_xs,
     Q.F32: floats.repack_float, Q.F16: floats.repack_float, Q.BF16: floats.repack_float,
 }
 _F16_PLANES = {Q.Q4_0: ("d",), Q.Q4_1: ("d", "m"), Q.Q5_0: ("d",), Q.Q5_1: ("d", "m"), Q.Q8_0: ("d",),
-               Q.Q4_K: ("d", "dmin"), Q.Q5_K: ("d", "dmin"), Q.Q6_K: ("d",), Q.IQ4_NL: ("d",),
-               Q.IQ4_XS: ("d",), Q.F16: ("w",)}
+               Q.Q4_K: ("d", "dmin"), Q.Q5_K: ("d", "dmin"), Q.Q6_K: ("d",), Q.Q2_K: ("d", "dmin"),
+               Q.Q3_K: ("d",), Q.IQ4_NL: ("d",), Q.IQ4_XS: ("d",), Q.F16: ("w",)}
 assert set(_REPACK) == set(SUPPORTED), "model/support.py WEIGHT_TYPES and the kernels disagree"
 _NIBBLE_KIND = {Q.Q4_0: legacy.KIND_Q4_0, Q.Q4_1: legacy.KIND_Q4_1,
                 Q.Q5_0: legacy.KIND_Q5_0, Q.Q5_1: legacy.KIND_Q5_1}
@@ -109,6 +110,12 @@ class QMatrix:
         if qt == Q.Q6_K:
             k_args = (p["ql"], p["qh"], p["scales"], p["d"])
             return (kquants.rows_q6_k, k_args + (n_out,), kquants.matmul_q6_k, k_args + (plain, n_out))
+        if qt == Q.Q2_K:
+            k_args = (p["scales"], p["qs"], p["d"], p["dmin"])
+            return (kquants_low.rows_q2_k, k_args + (n_out,), kquants_low.matmul_q2_k, k_args + (plain, n_out))
+        if qt == Q.Q3_K:
+            k_args = (p["hmask"], p["qs"], p["scales"], p["d"])
+            return (kquants_low.rows_q3_k, k_args + (n_out,), kquants_low.matmul_q3_k, k_args + (plain, n_out))
         if qt == Q.IQ4_NL:
             return (iquants.rows_iq4_nl, (p["qs"], p["d"], n_out),
                     iquants.matmul_iq4_nl, (p["qs"], p["d"], plain, n_out))
