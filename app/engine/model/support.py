@@ -10,7 +10,8 @@ from .gguf_file import GGUFLayout
 ARCHITECTURES = ("llama", "qwen2")
 """``general.architecture`` values the transformer implements (model/transformer.py)."""
 
-WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"})
+WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                          "IQ4_XS", "F16", "BF16", "F32"})
 """GGML tensor types the weight kernels implement (quant/qmatrix.py)."""
 
 

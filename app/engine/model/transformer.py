@@ -123,7 +123,8 @@ class Model:
             except KeyError:
                 raise UnsupportedModelError(f"{self.path}: tensor '{name}' is missing.") from None
             except (NotImplementedError, ValueError) as e:
-                raise UnsupportedModelError(f"{self.path}: tensor '{name}': {e}. " + llamacpp_hint(self.path)) from e
+                # e names the tensor and the problem; the advice is given here, once
+                raise UnsupportedModelError(f"{self.path}: {e}. " + llamacpp_hint(self.path)) from e
 
         def vector(name: str, required: bool = True) -> np.ndarray:
             if name not in tensors:

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot binds to it)
 from numba import njit, prange
 
-from . import floats, kquants, legacy
+from . import floats, iquants, kquants, kquants_low, legacy
 from .layout import chunk_groups, num_threads
 from .qmatrix import QMatrix
 
@@ -97,6 +97,13 @@ def _rows_q4(qs, d, m, has_min, n_out, n_parts, out):
 
 
 @njit(parallel=True, nogil=True, cache=True)
+def _rows_q5(qs, qh, d, m, has_min, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        legacy.rows_q5(qs, qh, d, m, has_min, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
 def _rows_q8_0(qs, d, n_out, n_parts, out):
     for c in prange(n_parts):
         r0, r1 = chunk_groups(c, n_parts, n_out)
@@ -118,12 +125,42 @@ def _rows_q6_k(ql, qh, scales, d, n_out, n_parts, out):
 
 
 @njit(parallel=True, nogil=True, cache=True)
+def _rows_q2_k(scales, qs, d, dmin, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        kquants_low.rows_q2_k(scales, qs, d, dmin, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_q3_k(hmask, qs, scales, d, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        kquants_low.rows_q3_k(hmask, qs, scales, d, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_iq4_nl(qs, d, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        iquants.rows_iq4_nl(qs, d, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_iq4_xs(d, scales_h, scales_l, qs, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        iquants.rows_iq4_xs(d, scales_h, scales_l, qs, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
 def _rows_float(wt, kind, n_out, n_parts, out):
     for c in prange(n_parts):
         r0, r1 = chunk_groups(c, n_parts, n_out)
         floats.rows_float(wt, kind, n_out, np.arange(r0, r1), out[r0:r1])
 
 
-_PARALLEL_ROWS = {legacy.rows_q4: _rows_q4, legacy.rows_q8_0: _rows_q8_0,
+_PARALLEL_ROWS = {legacy.rows_q4: _rows_q4, legacy.rows_q5: _rows_q5, legacy.rows_q8_0: _rows_q8_0,
                   kquants.rows_q45_k: _rows_q45_k, kquants.rows_q6_k: _rows_q6_k,
+                  kquants_low.rows_q2_k: _rows_q2_k, kquants_low.rows_q3_k: _rows_q3_k,
+                  iquants.rows_iq4_nl: _rows_iq4_nl, iquants.rows_iq4_xs: _rows_iq4_xs,
                   floats.rows_float: _rows_float}

@@ -1,10 +1,14 @@
-"""Kernels for the 32-element block formats Q4_0, Q4_1 and Q8_0 (row-group layout).
+"""Kernels for the 32-element block formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (row-group layout).
 
 GGUF blocks (ggml-common.h):
-    block_q4_0  { f16 d;          u8 qs[16]; }   18 bytes, w = d * (q - 8)
-    block_q4_1  { f16 d; f16 m;   u8 qs[16]; }   20 bytes, w = d * q + m
-    block_q8_0  { f16 d;          i8 qs[32]; }   34 bytes, w = d * q
-In Q4 blocks byte j holds element j in its low nibble and element j + 16 in its high nibble.
+    block_q4_0  { f16 d;          u8 qs[16]; }            18 bytes, w = d * (q - 8)
+    block_q4_1  { f16 d; f16 m;   u8 qs[16]; }            20 bytes, w = d * q + m
+    block_q5_0  { f16 d;          u8 qh[4]; u8 qs[16]; }  22 bytes, w = d * (q - 16)
+    block_q5_1  { f16 d; f16 m;   u8 qh[4]; u8 qs[16]; }  24 bytes, w = d * q + m
+    block_q8_0  { f16 d;          i8 qs[32]; }            34 bytes, w = d * q
+In Q4/Q5 blocks byte j holds element j in its low nibble and element j + 16 in its high
+nibble; Q5's fifth bit of element e is bit e of qh read as a little-endian uint32, i.e. bit
+e % 8 of qh[e // 8].
 
 Each field becomes a plane in the row-group layout of quant/layout.py: for a group of w (16)
 rows, block b, byte j of row i sits at ``r0*nb*B + (b*B + j)*w + i`` (B bytes per block), so
@@ -16,7 +20,11 @@ products" below): integer sums of 4 products per lane against the int8 activatio
 per block and lane by the product of the two f16 scales, then the lanes' sum:
     Q4_0 x Q8_0: d_w * d_x * sum((q - 8) * a)        ggml_vec_dot_q4_0_q8_0
     Q4_1 x Q8_1: d_w * d_x * sum(q * a) + m_w * s_x  ggml_vec_dot_q4_1_q8_1
+    Q5_0 x Q8_0: d_w * d_x * sum((q - 16) * a)       ggml_vec_dot_q5_0_q8_0
+    Q5_1 x Q8_1: d_w * d_x * sum(q * a) + m_w * s_x  ggml_vec_dot_q5_1_q8_1
     Q8_0 x Q8_0: d_w * d_x * sum(q * a)              ggml_vec_dot_q8_0_q8_0
+Q5 uses Q4's lanes: the AVX2 code ORs the fifth bits into the nibbles (bytes_from_bits_32) and
+then runs the same mul_sum_i8_pairs / mul_sum_us8_pairs and FMA per block.
 """
 from __future__ import annotations
 
@@ -30,6 +38,11 @@ from .layout import GROUP, chunk_groups, group_span, pad_group, tile_plane
 
 QK = 32
 EIGHT = np.int32(8)
+SIXTEEN = np.int32(16)
+
+# kind codes of the nibble formats (matmul_nibbles): bit 0 = has a min (Q8_1 activations),
+# bit 1 = has a fifth bit (qh)
+KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1 = 0, 1, 2, 3
 
 
 # ---- repack (numpy, once at load)
@@ -57,6 +70,23 @@ def repack_q4_1(raw, n_out, n_in):
     return {"d": tile_plane(_f16_plane(blocks, 0)),
             "m": tile_plane(_f16_plane(blocks, 2)),
             "qs": tile_plane(blocks[:, :, 4:])}
+
+
+def repack_q5_0(raw, n_out, n_in):
+    """-> {"d": (n_out*nb,) uint16, "qh": (n_out*nb*4,) uint8, "qs": (n_out*nb*16,) uint8}."""
+    blocks = _split_blocks(raw, n_out, n_in, 22)                          # (n_out, nb, 22) uint8
+    return {"d": tile_plane(_f16_plane(blocks, 0)),
+            "qh": tile_plane(blocks[:, :, 2:6]),
+            "qs": tile_plane(blocks[:, :, 6:])}
+
+
+def repack_q5_1(raw, n_out, n_in):
+    """-> {"d", "m": (n_out*nb,) uint16, "qh": (n_out*nb*4,) uint8, "qs": (n_out*nb*16,) uint8}."""
+    blocks = _split_blocks(raw, n_out, n_in, 24)                          # (n_out, nb, 24) uint8
+    return {"d": tile_plane(_f16_plane(blocks, 0)),
+            "m": tile_plane(_f16_plane(blocks, 2)),
+            "qh": tile_plane(blocks[:, :, 4:8]),
+            "qs": tile_plane(blocks[:, :, 8:])}
 
 
 def repack_q8_0(raw, n_out, n_in):
@@ -98,6 +128,44 @@ def rows_q4(qs, d, m, has_min, n_out, ids, out):
                 else:
                     out[n, b * QK + j] = f[0] * np.float32(lo - EIGHT)
                     out[n, b * QK + 16 + j] = f[0] * np.float32(hi - EIGHT)
+
+
+@njit(nogil=True, cache=True)
+def rows_q5(qs, qh, d, m, has_min, n_out, ids, out):
+    """Q5_0 (has_min False: d * (q - 16)) or Q5_1 (d * q + m) rows, q = nibble | fifth bit << 4.
+
+    qs   # (n_out*nb*16,) uint8 row groups
+    qh   # (n_out*nb*4,) uint8 row groups
+    d, m # (n_out*nb,) uint16 row groups (m unused for Q5_0)
+    ids  # (n_ids,) int64
+    out  # (n_ids, n_in) float32
+    """
+    nb = out.shape[1] // QK
+    for n in range(ids.shape[0]):
+        r = ids[n]
+        r0, w = group_span(r // GROUP, n_out)
+        i = r - r0
+        h = np.empty(2, np.uint16)    # (2,) uint16: d, m bits
+        f = np.empty(2, np.float32)   # (2,) float32: d, m
+        for b in range(nb):
+            h[0] = d[r0 * nb + b * w + i]
+            h[1] = m[r0 * nb + b * w + i] if has_min else 0
+            decode_f16(h, f)
+            base = r0 * nb * 16 + b * 16 * w + i
+            hbase = r0 * nb * 4 + b * 4 * w + i
+            bits = np.int64(0)        # qh as the little-endian uint32 it is
+            for k in range(4):
+                bits |= np.int64(qh[hbase + k * w]) << (8 * k)
+            for j in range(16):
+                q = np.int32(qs[base + j * w])
+                lo = (q & 15) | np.int32(((bits >> j) & 1) << 4)
+                hi = (q >> 4) | np.int32(((bits >> (j + 16)) & 1) << 4)
+                if has_min:
+                    out[n, b * QK + j] = f[0] * np.float32(lo) + f[1]
+                    out[n, b * QK + 16 + j] = f[0] * np.float32(hi) + f[1]
+                else:
+                    out[n, b * QK + j] = f[0] * np.float32(lo - SIXTEEN)
+                    out[n, b * QK + 16 + j] = f[0] * np.float32(hi - SIXTEEN)
 
 
 @njit(nogil=True, cache=True)
@@ -154,6 +222,33 @@ def _nibble_lane_sums(blk, w, xb, offset, s):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _nibble5_lane_sums(blk, hb, w, xb, offset, s):
+    """As _nibble_lane_sums for Q5: element e (< 16) is lo(q[e]) | bit e of qh << 4, element
+    16 + e is hi(q[e]) | bit 16 + e << 4 (4 * 31 * 127 < 2**15, so int16 still holds a lane).
+
+    blk     # (16 * w,) uint8 quants;  hb  # (4 * w,) uint8: qh byte k of row i at k * w + i
+    xb      # (32,) int16
+    offset  # 16 for Q5_0 (q - 16), 0 for Q5_1
+    s       # (8, GROUP) int16 out
+    """
+    for i in range(w):
+        for l in range(4):
+            lo = np.int16(0)
+            hi = np.int16(0)
+            for k in range(4):
+                e = 4 * l + k
+                q = np.int16(blk[e * w + i])
+                bl = np.int16(hb[(e >> 3) * w + i])
+                bh = np.int16(hb[(2 + (e >> 3)) * w + i])
+                ql = np.int16((q & 15) | (((bl >> (e & 7)) & 1) << 4))
+                qh = np.int16((q >> 4) | (((bh >> (e & 7)) & 1) << 4))
+                lo = np.int16(lo + (ql - offset) * xb[e])
+                hi = np.int16(hi + (qh - offset) * xb[16 + e])
+            s[l, i] = lo
+            s[4 + l, i] = hi
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _int8_pair_sums(blk, w, xb, p):
     """p[m, i] = q[2m, i] * xb[2m] + q[2m+1, i] * xb[2m+1] (|.| <= 2 * 128 * 127 fits int16);
     lane l of llama.cpp is p[2l] + p[2l+1].
@@ -169,27 +264,37 @@ def _int8_pair_sums(blk, w, xb, p):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _q4_group(qs_g, dw, mw, kind, r0, n_valid, xq, dx, sx, s, acc, summs, out):
-    """One row group against every token: out[k, r0:r0 + n_valid]. kind 0: Q4_0, 1: Q4_1.
-    Per token, first the integer lane sums of every block, then the float pass: reading
-    back int16 that were just stored as one 32-byte vector stalled store forwarding when
-    the two were interleaved.
+def _nibble_group(qs_g, qh_g, dw, mw, kind, r0, n_valid, xq, dx, sx, s, acc, summs, out):
+    """One row group against every token: out[k, r0:r0 + n_valid]. kind: KIND_Q4_0 ...
+    KIND_Q5_1. Per token, first the integer lane sums of every block, then the float pass:
+    reading back int16 that were just stored as one 32-byte vector stalled store forwarding
+    when the two were interleaved.
 
     qs_g       # (nb * 16 * GROUP,) uint8 the group's quants
+    qh_g       # (nb * 4 * GROUP,) uint8 the group's fifth bits (Q5 only)
     dw, mw     # (nb * GROUP,) float32 the group's scales / mins
-    xq         # (n_tok, n_in) int16;  dx, sx  # (n_tok, nb) float32 (sx: Q4_1 only)
+    xq         # (n_tok, n_in) int16;  dx, sx  # (n_tok, nb) float32 (sx: Q4_1 / Q5_1 only)
     s          # (nb, 8, GROUP) int16 scratch
     acc        # (8, GROUP) float32 scratch: llama.cpp's 8 lanes, per row
-    summs      # (GROUP,) float32 scratch: Q4_1's sum of m_w * s_x
+    summs      # (GROUP,) float32 scratch: the sum of m_w * s_x
     out        # (n_tok, n_out) float32
     """
     n_tok = xq.shape[0]
     nb = dx.shape[1]
     w = GROUP
-    offset = np.int16(8) if kind == 0 else np.int16(0)
+    has_min = (kind & 1) == 1
+    has_qh = (kind & 2) == 2
+    if has_min:
+        offset = np.int16(0)
+    else:
+        offset = np.int16(16) if has_qh else np.int16(8)
     for k in range(n_tok):
         for b in range(nb):
-            _nibble_lane_sums(qs_g[b * 16 * w:(b + 1) * 16 * w], w, xq[k, b * QK:(b + 1) * QK], offset, s[b])
+            if has_qh:
+                _nibble5_lane_sums(qs_g[b * 16 * w:(b + 1) * 16 * w], qh_g[b * 4 * w:(b + 1) * 4 * w], w,
+                                   xq[k, b * QK:(b + 1) * QK], offset, s[b])
+            else:
+                _nibble_lane_sums(qs_g[b * 16 * w:(b + 1) * 16 * w], w, xq[k, b * QK:(b + 1) * QK], offset, s[b])
         acc[:, :] = 0
         summs[:] = 0
         for b in range(nb):
@@ -199,7 +304,7 @@ def _q4_group(qs_g, dw, mw, kind, r0, n_valid, xq, dx, sx, s, acc, summs, out):
                 dd = dw[b * w + i] * dxk              # f16 x f16: exact in float32
                 for l in range(8):
                     acc[l, i] = fma(dd, np.float32(s[b, l, i]), acc[l, i])
-                if kind == 1:
+                if has_min:
                     summs[i] += mw[b * w + i] * sxk   # exact product, so as llama.cpp's fma
         for i in range(n_valid):
             out[k, r0 + i] = hsum_float_8(acc[0, i], acc[1, i], acc[2, i], acc[3, i],
@@ -208,7 +313,7 @@ def _q4_group(qs_g, dw, mw, kind, r0, n_valid, xq, dx, sx, s, acc, summs, out):
 
 @njit(nogil=True, cache=True, inline="always")
 def _q8_group(qs_g, dw, r0, n_valid, xq, dx, p, acc, out):
-    """As _q4_group for Q8_0.  qs_g  # (nb * 32 * GROUP,) int8;  p  # (nb, 16, GROUP) int16"""
+    """As _nibble_group for Q8_0.  qs_g  # (nb * 32 * GROUP,) int8;  p  # (nb, 16, GROUP) int16"""
     n_tok = xq.shape[0]
     nb = dx.shape[1]
     w = GROUP
@@ -231,11 +336,13 @@ def _q8_group(qs_g, dw, r0, n_valid, xq, dx, p, acc, out):
 # ---- matmul: out (n_tok, n_out) = x (n_tok, n_in) @ W.T
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmul_q4(qs, d, m, kind, plain, n_out, n_chunks, x, out):
-    """Q4_0 (kind 0, against Q8_0 activations) or Q4_1 (kind 1, against Q8_1).
+def matmul_nibbles(qs, qh, d, m, kind, plain, n_out, n_chunks, x, out):
+    """Q4_0 / Q5_0 (kind KIND_Q4_0 / KIND_Q5_0, against Q8_0 activations) or Q4_1 / Q5_1
+    (KIND_Q4_1 / KIND_Q5_1, against Q8_1).
 
     qs     # (n_out*nb*16,) uint8 row groups
-    d, m   # (n_out*nb,) uint16 row groups (m unused for Q4_0)
+    qh     # (n_out*nb*4,) uint8 row groups (Q5; any uint8 array for Q4)
+    d, m   # (n_out*nb,) uint16 row groups (m unused for Q4_0 / Q5_0)
     plain  # d and m hold only zeros and normal f16 (f16_plane_is_plain)
     n_chunks  # runs of groups, one per thread (n_chunks_for)
     x      # (n_tok, n_in) float32
@@ -243,14 +350,16 @@ def matmul_q4(qs, d, m, kind, plain, n_out, n_chunks, x, out):
     """
     n_tok, n_in = x.shape
     nb = n_in // QK
+    has_min = (kind & 1) == 1
+    has_qh = (kind & 2) == 2
     xq = np.empty((n_tok, n_in), np.int16)    # (n_tok, n_in) int16
     dx = np.empty((n_tok, nb), np.float32)    # (n_tok, nb) float32
-    sx = np.zeros((n_tok, nb), np.float32)    # (n_tok, nb) float32: Q8_1's s (Q4_1 only)
-    if kind == 0:
+    sx = np.zeros((n_tok, nb), np.float32)    # (n_tok, nb) float32: Q8_1's s (Q4_1 / Q5_1 only)
+    if has_min:
+        quantize_q8_1(x, xq, dx, sx)
+    else:
         qsum = np.empty((n_tok, nb), np.int32)  # (n_tok, nb) int32, unused
         quantize_q8_0(x, xq, dx, qsum)
-    else:
-        quantize_q8_1(x, xq, dx, sx)
     n_groups = (n_out + GROUP - 1) // GROUP
     for c in prange(n_chunks):
         dw = np.empty(nb * GROUP, np.float32)       # (nb, GROUP) float32
@@ -262,16 +371,18 @@ def matmul_q4(qs, d, m, kind, plain, n_out, n_chunks, x, out):
         for g in range(g0, g1):
             r0, w = group_span(g, n_out)
             qs_g = qs[r0 * nb * 16:(r0 + w) * nb * 16]
+            qh_g = qh[r0 * nb * 4:(r0 + w) * nb * 4] if has_qh else qh
             d_g = d[r0 * nb:(r0 + w) * nb]
-            m_g = m[r0 * nb:(r0 + w) * nb] if kind == 1 else m
+            m_g = m[r0 * nb:(r0 + w) * nb] if has_min else m
             if w < GROUP:
                 qs_g = pad_group(qs_g, nb * 16, w)
+                qh_g = pad_group(qh_g, nb * 4, w) if has_qh else qh
                 d_g = pad_group(d_g, nb, w)
-                m_g = pad_group(m_g, nb, w) if kind == 1 else m
+                m_g = pad_group(m_g, nb, w) if has_min else m
             decode_f16_plane(d_g, dw, plain)
-            if kind == 1:
+            if has_min:
                 decode_f16_plane(m_g, mw, plain)
-            _q4_group(qs_g, dw, mw, kind, r0, w, xq, dx, sx, s, acc, summs, out)
+            _nibble_group(qs_g, qh_g, dw, mw, kind, r0, w, xq, dx, sx, s, acc, summs, out)
 
 
 @njit(parallel=True, nogil=True, cache=True)

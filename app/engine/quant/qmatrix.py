@@ -11,10 +11,12 @@ without copying it to f32:
 
 At construction the blocks are repacked once into the row-group planes of
 ``quant/layout.py`` (same number of bytes as the GGUF tensor; see that module for why), and
-every product runs in the multi-threaded numba kernels of ``quant/legacy.py`` (Q4_0, Q4_1, Q8_0),
-``quant/kquants.py`` (Q4_K, Q5_K, Q6_K) and ``quant/floats.py`` (F32, F16, BF16). The activations are
+every product runs in the multi-threaded numba kernels of ``quant/legacy.py`` (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0), ``quant/kquants.py`` (Q4_K, Q5_K, Q6_K), ``quant/kquants_low.py`` (Q2_K, Q3_K), ``quant/iquants.py``
+(IQ4_NL, IQ4_XS) and ``quant/floats.py`` (F32, F16, BF16). The activations are
 quantized the way llama.cpp's CPU backend quantizes them (``quant/activations.py``), so our products
-equal llama.cpp's: bit for bit for Q4_0/Q4_1/Q8_0 (its AVX2 lane order, see ``quant/legacy.py``;
+equal llama.cpp's: bit for bit for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, and IQ4_NL batches (its AVX2 lane order,
+see ``quant/legacy.py``;
 tests/engine/test_quants.py checks against ggml_mul_mat itself), up to the order of float
 additions for the others. ``rows``/``dequantize`` are bit-exact with ``gguf.quants.dequantize``.
 
@@ -35,7 +37,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from gguf.gguf_reader import ReaderTensor
 
 from ..ops.f16 import f16_plane_is_plain
-from . import floats, kquants, legacy
+from . import floats, iquants, kquants, kquants_low, legacy
 from ..model.support import WEIGHT_TYPES
 from .layout import GROUP, num_threads
 
@@ -45,12 +47,18 @@ SUPPORTED = tuple(sorted((Q[name] for name in WEIGHT_TYPES), key=int))   # model
 
 _REPACK = {
     Q.Q4_0: legacy.repack_q4_0, Q.Q4_1: legacy.repack_q4_1, Q.Q8_0: legacy.repack_q8_0,
+    Q.Q5_0: legacy.repack_q5_0, Q.Q5_1: legacy.repack_q5_1,
+    Q.Q2_K: kquants_low.repack_q2_k, Q.Q3_K: kquants_low.repack_q3_k,
     Q.Q4_K: kquants.repack_q4_k, Q.Q5_K: kquants.repack_q5_k, Q.Q6_K: kquants.repack_q6_k,
+    Q.IQ4_NL: iquants.repack_iq4_nl, Q.IQ4_XS: iquants.repack_iq4_xs,
     Q.F32: floats.repack_float, Q.F16: floats.repack_float, Q.BF16: floats.repack_float,
 }
-_F16_PLANES = {Q.Q4_0: ("d",), Q.Q4_1: ("d", "m"), Q.Q8_0: ("d",), Q.Q4_K: ("d", "dmin"),
-               Q.Q5_K: ("d", "dmin"), Q.Q6_K: ("d",), Q.F16: ("w",)}
+_F16_PLANES = {Q.Q4_0: ("d",), Q.Q4_1: ("d", "m"), Q.Q5_0: ("d",), Q.Q5_1: ("d", "m"), Q.Q8_0: ("d",),
+               Q.Q4_K: ("d", "dmin"), Q.Q5_K: ("d", "dmin"), Q.Q6_K: ("d",), Q.Q2_K: ("d", "dmin"),
+               Q.Q3_K: ("d",), Q.IQ4_NL: ("d",), Q.IQ4_XS: ("d",), Q.F16: ("w",)}
 assert set(_REPACK) == set(SUPPORTED), "model/support.py WEIGHT_TYPES and the kernels disagree"
+_NIBBLE_KIND = {Q.Q4_0: legacy.KIND_Q4_0, Q.Q4_1: legacy.KIND_Q4_1,
+                Q.Q5_0: legacy.KIND_Q5_0, Q.Q5_1: legacy.KIND_Q5_1}
 _FLOAT_KIND = {Q.F32: floats.KIND_F32, Q.F16: floats.KIND_F16, Q.BF16: floats.KIND_BF16}
 _NO_BYTES = np.zeros(1, np.uint8)   # (1,) uint8 stand-in for planes a type does not have
 _NO_U16 = np.zeros(1, np.uint16)    # (1,) uint16 likewise
@@ -62,9 +70,9 @@ class QMatrix:
     def __init__(self, name: str, raw: np.ndarray, qtype: GGMLQuantizationType, n_out: int, n_in: int):
         qtype = GGMLQuantizationType(qtype)
         if qtype not in SUPPORTED:
-            raise ValueError(f"tensor {name!r} has type {qtype.name}, which the ellm engine does not "
-                             f"support ({', '.join(t.name for t in SUPPORTED)}); run this model with "
-                             f"the llama.cpp backend instead")
+            # the problem only: Model names the file and gives the advice (llama.cpp), once
+            raise ValueError(f"tensor {name!r} has type {qtype.name}, which the ellm engine has no "
+                             f"kernels for (it runs {', '.join(t.name for t in SUPPORTED)})")
         block, block_bytes = GGML_QUANT_SIZES[qtype]
         if n_in % block or raw.nbytes != n_out * (n_in // block) * block_bytes:
             raise ValueError(f"tensor {name!r}: {raw.nbytes} bytes of {qtype.name} do not make a "
@@ -84,10 +92,14 @@ class QMatrix:
         """(rows kernel, its leading arguments, matmul kernel, its leading arguments), chosen
         once so a decode step pays for no lookups."""
         p, qt, n_out, plain = self.planes, self.qtype, self.shape[0], self.plain_scales
-        if qt in (Q.Q4_0, Q.Q4_1):
-            m, kind = (p["m"], 1) if qt == Q.Q4_1 else (_NO_U16, 0)
-            return (legacy.rows_q4, (p["qs"], p["d"], m, kind == 1, n_out),
-                    legacy.matmul_q4, (p["qs"], p["d"], m, kind, plain, n_out))
+        if qt in _NIBBLE_KIND:
+            kind = _NIBBLE_KIND[qt]
+            m = p["m"] if kind & 1 else _NO_U16
+            qh = p["qh"] if kind & 2 else _NO_BYTES
+            mm = (legacy.matmul_nibbles, (p["qs"], qh, p["d"], m, kind, plain, n_out))
+            if kind & 2:
+                return (legacy.rows_q5, (p["qs"], qh, p["d"], m, kind == legacy.KIND_Q5_1, n_out)) + mm
+            return (legacy.rows_q4, (p["qs"], p["d"], m, kind == legacy.KIND_Q4_1, n_out)) + mm
         if qt == Q.Q8_0:
             return (legacy.rows_q8_0, (p["qs"], p["d"], n_out),
                     legacy.matmul_q8_0, (p["qs"], p["d"], plain, n_out))
@@ -98,6 +110,18 @@ class QMatrix:
         if qt == Q.Q6_K:
             k_args = (p["ql"], p["qh"], p["scales"], p["d"])
             return (kquants.rows_q6_k, k_args + (n_out,), kquants.matmul_q6_k, k_args + (plain, n_out))
+        if qt == Q.Q2_K:
+            k_args = (p["scales"], p["qs"], p["d"], p["dmin"])
+            return (kquants_low.rows_q2_k, k_args + (n_out,), kquants_low.matmul_q2_k, k_args + (plain, n_out))
+        if qt == Q.Q3_K:
+            k_args = (p["hmask"], p["qs"], p["scales"], p["d"])
+            return (kquants_low.rows_q3_k, k_args + (n_out,), kquants_low.matmul_q3_k, k_args + (plain, n_out))
+        if qt == Q.IQ4_NL:
+            return (iquants.rows_iq4_nl, (p["qs"], p["d"], n_out),
+                    iquants.matmul_iq4_nl, (p["qs"], p["d"], plain, n_out))
+        if qt == Q.IQ4_XS:
+            k_args = (p["d"], p["scales_h"], p["scales_l"], p["qs"])
+            return (iquants.rows_iq4_xs, k_args + (n_out,), iquants.matmul_iq4_xs, k_args + (plain, n_out))
         f_args = (p["w"], _FLOAT_KIND[qt])
         return floats.rows_float, f_args + (n_out,), floats.matmul_float, f_args + (plain, n_out)
 
