@@ -87,23 +87,24 @@ class ProgressLine:
     terminal one line rewritten in place, elsewhere a line at most every ``every`` seconds (and
     the last one), so a log stays readable."""
 
-    def __init__(self, prefix: str, every: float = 5.0):
-        self.prefix, self.every = prefix, every
+    def __init__(self, prefix: str, every: float = 5.0, clock=time.monotonic):
+        self.prefix, self.every, self.clock = prefix, every, clock
         self.tty = sys.stderr.isatty()
         self.last = 0.0
+        self.said = ""
         self.open = False
 
     def __call__(self, done: int, total: int, line: str) -> None:
-        now = time.monotonic()
+        now = self.clock()
         final = total > 0 and done >= total
         if self.tty:
             bar = f" [{'#' * (20 * done // total):<20}]" if total else ""
             sys.stderr.write(f"\r\x1b[K{self.prefix}: {line}{bar}" + ("\n" if final else ""))
             sys.stderr.flush()
             self.open = not final
-        elif final or now - self.last >= self.every or done == 0:
+        elif line != self.said and (final or now - self.last >= self.every or done == 0):
             err(f"{self.prefix}: {line}")
-        self.last = now
+            self.said, self.last = line, now
 
     def close(self) -> None:
         if self.open:

@@ -28,7 +28,7 @@ def run_gui(paths: Paths, screenshot: str | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("eLLM")
     app.setStyleSheet(load_stylesheet())
-    window = MainWindow(Session(paths), read_ahead=True)
+    window = MainWindow(Session(paths), read_ahead=not screenshot)   # a screenshot reads nothing
     if screenshot:
         return save_screenshot(app, window, screenshot)
     install_excepthook(window)
