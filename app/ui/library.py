@@ -15,6 +15,7 @@ COLUMNS = ("Title", "Pages", "Tokens", "Status", "Read")
 READ_COLUMN = COLUMNS.index("Read")
 ALL_FOLDERS = "All folders"
 STATUS_WIDTH = 96
+READ_WIDTH = 80   # the state elides; its whole text is in the tooltip
 WATCH_DELAY_MS = 1500  # editors write a file in several steps; wait for the last one
 MAX_WATCHED_FILES = 4000  # inotify watches are a per-user budget; past this, folders only (Rescan finds edits)
 
@@ -80,6 +81,8 @@ class LibraryPane(QWidget):
         # whole reason is in the tooltip and in the details line under the table.
         header.setSectionResizeMode(3, QHeaderView.Interactive)
         header.resizeSection(3, STATUS_WIDTH)
+        header.setSectionResizeMode(READ_COLUMN, QHeaderView.Interactive)   # "reading 42 %, 3 min left"
+        header.resizeSection(READ_COLUMN, READ_WIDTH)
         self.table.itemSelectionChanged.connect(self._selection_changed)
         layout.addWidget(self.table, 1)
 
@@ -160,6 +163,7 @@ class LibraryPane(QWidget):
             item = self.table.item(r, READ_COLUMN)
             if item is not None and item.data(Qt.UserRole) == doc_id:
                 item.setText(state)
+                item.setToolTip(state)
 
     def selected_ids(self) -> list[int]:
         rows = sorted({i.row() for i in self.table.selectedItems()})

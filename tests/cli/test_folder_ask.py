@@ -91,3 +91,30 @@ def test_cli_asks_a_folder_and_everything(folder, cli):
     assert rc == 0 and "Sources:" in out
     rc, _, err = cli("ask", "Anything?", "--folder", str(folder / "nowhere"))
     assert rc == 1 and "no ingested documents" in err
+
+
+def test_with_the_defaults_a_question_across_eight_documents_reads_every_one(tmp_path, cli, data_dir):
+    """Nothing chosen but the model: the automatic context holds the whole folder, which eLLM's
+    blocked cache lays side by side — every document read, none chosen by relevance."""
+    folder = tmp_path / "eight"
+    folder.mkdir()
+    for i in range(8):
+        pages = [FILLER, FILLER[:200] + FACT + FILLER[200:] if i == 5 else FILLER]
+        make_pdf(folder / f"minutes{i}.pdf", pages, title=f"Minutes {i}")
+    assert cli("ingest", str(folder))[0] == 0
+    backends._cache.clear()
+    try:
+        s = Session(Paths.resolve(data_dir))                 # the defaults
+        ids = _ids(s, folder)
+        chosen = s.chosen(s.doc_tokens(ids))
+        assert (chosen.kv, chosen.attention, chosen.note) == ("k8v4", "dense", "")
+        backend = s.backend(s.doc_tokens(ids))
+        assert backend.name == "ellm" and backend.n_ctx >= chosen.wanted
+        a = answer(s.store, backend, "What is the secret password of the harbour master?", ids,
+                   s.sampling(greedy=True, max_tokens=12))
+        assert [c["doc"] for c in a.considered] == ids and a.note == ""
+        assert a.timings["prompt_tokens"] > 8 * 2 * 100          # both pages of all eight documents
+        holder = s.store.find_documents("minutes5.pdf")[0]["id"]
+        assert (a.citations[0]["doc"], a.citations[0]["page"]) == (holder, 2)
+    finally:
+        backends._cache.clear()
