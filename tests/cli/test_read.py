@@ -1,0 +1,54 @@
+"""`ellm read` and what reading once buys: the next question finds the document's cache, a
+summary exported again in another format is the stored one (`--again` makes a new one)."""
+from __future__ import annotations
+
+import pytest
+
+from app.runtime import engines
+from tests.docs.make_samples import make_text
+
+ELLM = ("--engine", "ellm", "--max-tokens", "8")   # the automatic context, KV format and attention
+
+
+@pytest.fixture
+def library(cli, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    make_text(folder / "harbour.txt", "Harbour log\n\n" + "The east lock opened at dawn for the grain barges. " * 30)
+    make_text(folder / "lamp.txt", "Lamp notes\n\nMarta Quill kept the lamp of the northern lighthouse burning.\n")
+    assert cli("ingest", str(folder))[0] == 0
+    engines._cache.clear()
+    yield folder
+    engines._cache.clear()
+
+
+def test_read_all_then_again_then_a_question_starts_from_the_cache(cli, library):
+    rc, rows, err = cli("--json", "read", "--all", *ELLM[:2], json_out=True)
+    assert rc == 0 and [r["status"] for r in rows] == ["read", "read"]
+    assert set(rows[0]) == {"doc", "title", "status", "tokens", "seconds"} and rows[0]["tokens"] > 300
+    rc, again, _ = cli("--json", "read", "harbour.txt", *ELLM[:2], json_out=True)
+    assert rc == 0 and [r["status"] for r in again] == ["already read"]
+    engines._cache.clear()                                     # a new process: the file is found
+    rc, answer, _ = cli("--json", "ask", "When did the east lock open?", "--doc", "harbour.txt", *ELLM, "--greedy",
+                        json_out=True)
+    t = answer["timings"]
+    assert rc == 0 and t["kv_cache"] == "hit" and t["kv"] == "k8v4" and t["attention"] == "dense"
+    assert t["ttft_s"] == t["first_token_s"] >= t["prefix_s"] and "engine_ttft_s" in t
+
+
+def test_read_says_what_it_read_and_refuses_an_unknown_document(cli, library):
+    rc, out, err = cli("read", "lamp.txt", *ELLM[:2])
+    assert rc == 0 and out.startswith("Lamp notes: read (") and "read: reading Lamp notes: 0 of " in err
+    rc, _, err = cli("read", "nowhere.txt", *ELLM[:2])
+    assert rc != 0 and "no document matches 'nowhere.txt'" in err
+
+
+def test_summarize_exports_the_stored_summary_in_another_format_unless_again(cli, library, tmp_path):
+    rc, first, _ = cli("--json", "summarize", "lamp.txt", *ELLM[:2], "--out", str(tmp_path / "s.md"), json_out=True)
+    assert rc == 0 and first["reused"] is False and (tmp_path / "s.md").exists()
+    rc, second, err = cli("--json", "summarize", "lamp.txt", *ELLM[:2], "--out", str(tmp_path / "s.docx"),
+                          json_out=True)
+    assert rc == 0 and second["reused"] is True and second["summary"] == first["summary"]
+    assert second["summary_id"] == first["summary_id"] and (tmp_path / "s.docx").exists()
+    rc, third, _ = cli("--json", "summarize", "lamp.txt", *ELLM[:2], "--again", json_out=True)
+    assert rc == 0 and third["reused"] is False and third["summary_id"] != first["summary_id"]
