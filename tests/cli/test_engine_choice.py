@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from app.engine.model.support import WEIGHT_TYPES
-from app.runtime.engines import choose_engine
+from app.runtime.engines import EngineChoice, choose_engine
 from app.runtime.model_files import ModelError
 from tests.engine.tiny_gguf import TinySpec, write_tiny_model
 
@@ -47,3 +47,11 @@ def test_our_engine_asked_for_a_file_it_cannot_run_refuses_from_the_header_with_
     assert message.count("llama.cpp") == 1 and "--engine llamacpp" in message
     with pytest.raises(ValueError, match="unknown engine 'fast'"):
         choose_engine("fast", files["llama"])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K, Q.IQ4_XS], ids=lambda q: q.name)
+def test_auto_takes_our_engine_for_every_format_it_has_kernels_for(tmp_path, qtype):
+    """Q4_K_M files carry Q5_0 and Q8_0 tensors too (Qwen2.5-0.5B), IQ4_XS files IQ4_NL ones."""
+    path = write_tiny_model(tmp_path / "m.gguf", TinySpec(arch="llama", qtype=qtype, dim=256, ffn_dim=256))
+    assert qtype.name in WEIGHT_TYPES
+    assert choose_engine("auto", path) == choose_engine("ellm", path) == EngineChoice("ellm")
