@@ -1,5 +1,5 @@
 """The automatic settings (app/runtime/auto.py): the context holds the whole document and the
-answer as far as memory allows, k8v4 on eLLM's engine, dense attention inside the trained
+answer as far as memory allows, k8v8 on eLLM's engine, dense attention inside the trained
 context and sparse beyond it; whatever a person chose is kept."""
 from __future__ import annotations
 

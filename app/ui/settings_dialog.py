@@ -18,7 +18,7 @@ from app.ui.workers import Job, start
 
 ENGINE_LABELS = {"auto": "Automatic (eLLM when it runs the model)", "ellm": "eLLM", "llamacpp": "llama.cpp"}
 KV_PRECISIONS = KV_SETTINGS
-KV_TIPS = {"auto": "eLLM chooses: k8v4 on eLLM's engine, f16 on llama.cpp (README, \"Automatic settings\")",
+KV_TIPS = {"auto": "eLLM chooses: k8v8 for documents on eLLM's engine, f16 on llama.cpp (README, \"Automatic settings\")",
            "f16": "16-bit keys and values (exact)", "k8v8": "8-bit keys and values",
            "k8v4": "8-bit keys, 4-bit values (the usual trade: keys are more sensitive)",
            "k4v4": "4-bit keys and values (smallest)"}

@@ -60,6 +60,7 @@ def main(out_dir: Path) -> int:
     session.save_settings(Settings(engine="ellm", max_tokens=48, temperature=0.0))
     window = MainWindow(session, read_ahead=True)
     window.resize(1200, 760)
+    window.centralWidget().setSizes([560, 240, 400])   # room for the library's Read column
     window.show()
     states = {}
     window.reader.sig_state.connect(lambda doc, state: states.__setitem__(doc, state))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app.runtime import engines as backends
+from app.runtime.auto import AUTO_KV
 from app.settings import Paths
 from app.qa.answer import answer
 from app.session import Session
@@ -107,7 +108,7 @@ def test_with_the_defaults_a_question_across_eight_documents_reads_every_one(tmp
         s = Session(Paths.resolve(data_dir))                 # the defaults
         ids = _ids(s, folder)
         chosen = s.chosen(s.doc_tokens(ids))
-        assert (chosen.kv, chosen.attention, chosen.note) == ("k8v4", "dense", "")
+        assert (chosen.kv, chosen.attention, chosen.note) == (AUTO_KV, "dense", "")
         backend = s.backend(s.doc_tokens(ids))
         assert backend.name == "ellm" and backend.n_ctx >= chosen.wanted
         a = answer(s.store, backend, "What is the secret password of the harbour master?", ids,
