@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 from app.batch.content import DocumentContent
 from app.batch.pools import Pool
-from app.batch.spec import BatchSpec
+from app.batch.spec import BatchSpec, EngineSpec, Task
 from app.batch.worker import DocumentJob
 from app.store import Store
 from app.store import batches
@@ -90,6 +90,16 @@ def format_seconds(s: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def session_spec(session, target: str, doc_ids, tasks: tuple[Task, ...], params, threads: int) -> BatchSpec:
+    """The batch of ``tasks`` over ``doc_ids`` with the session's model and settings (the
+    command line's options on top), each worker running ``threads`` threads."""
+    from app.qa.doc_cache import model_fingerprint
+
+    s, path = session.settings, session.model_path
+    engine = EngineSpec(s.engine, str(path), path.name, s.n_ctx, threads, s.numa, s.kv, s.attention)
+    return BatchSpec(target, tuple(doc_ids), tasks, engine, params, model_fingerprint(path))
 
 
 def pending(store: Store, spec: BatchSpec) -> tuple[list[tuple[int, tuple]], int]:

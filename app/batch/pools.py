@@ -9,6 +9,25 @@ from app.batch.worker import DocumentJob, DocumentOutcome, DocumentWorker
 from app.engine.backend import SamplingParams
 
 
+def size_workers(workers: int | None, threads: int, cores: int, cluster: bool = False) -> tuple[int, int]:
+    """(workers, threads per worker) so that workers x threads <= ``cores`` (this machine's
+    physical cores, the engine's thread plan). Without ``workers``: as many workers as the
+    threads leave room for (on a cluster 0: as many as its CPUs hold, asked when connected);
+    without ``threads`` (0): the cores shared out among the workers."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be 1 or more, not {workers}")
+    if threads < 0:
+        raise ValueError(f"threads must be 0 (one per physical core) or more, not {threads}")
+    if workers is None:
+        threads = threads or cores
+        return (0 if cluster else max(1, cores // threads)), threads
+    threads = threads or max(1, cores // workers)
+    if not cluster and workers * threads > cores:
+        raise ValueError(f"{workers} workers x {threads} threads is more than the {cores} physical cores of this "
+                         f"machine; use fewer workers or threads")
+    return workers, threads
+
+
 class Pool(Protocol):
     workers: int
     threads: int      # each worker's threads

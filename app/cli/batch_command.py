@@ -22,31 +22,13 @@ def batch_target(ctx: Context) -> tuple[str, tuple[int, ...]]:
     return name, tuple(dict.fromkeys(target.doc_ids))
 
 
-def size_workers(workers: int | None, threads: int, cores: int, cluster: bool) -> tuple[int, int]:
-    """(workers, threads per worker) so that workers x threads <= the cores of this machine
-    (on a cluster: threads fit the cores here, workers default to the cluster's CPUs / threads,
-    0 meaning "ask the cluster")."""
-    if workers is not None and workers < 1:
-        raise CliError(f"--workers must be 1 or more, not {workers}")
-    if threads < 0:
-        raise CliError(f"--threads must be 0 (one per physical core) or more, not {threads}")
-    if workers is None:
-        threads = threads or cores
-        return (0 if cluster else max(1, cores // threads)), threads
-    threads = threads or max(1, cores // workers)
-    if not cluster and workers * threads > cores:
-        raise CliError(f"{workers} workers x {threads} threads is more than the {cores} physical cores of this "
-                       f"machine; lower --workers or --threads")
-    return workers, threads
-
-
 def cmd_batch(ctx: Context) -> int:
-    from app.batch.driver import run_batch
+    from app.batch.driver import run_batch, session_spec
     from app.batch.export import BatchExportError, export_rows, format_for, write_results
+    from app.batch.pools import size_workers
     from app.batch.ray_pool import RayPool
-    from app.batch.spec import BatchSpec, EngineSpec, read_questions, tasks_from
+    from app.batch.spec import read_questions, tasks_from
     from app.batch.worker import WorkerError
-    from app.qa.doc_cache import model_fingerprint
     from app.runtime.engines import thread_plan
     from app.store import batches
 
@@ -73,17 +55,18 @@ def cmd_batch(ctx: Context) -> int:
     note = ctx.session.engine_note()
     if note:
         err(f"ellm: {note}")
-    cores = thread_plan(0, s.numa).count
-    workers, threads = size_workers(a.workers, s.threads, cores, bool(a.ray_address))
-    engine = EngineSpec(s.engine, str(model_path), model_path.name, s.n_ctx, threads, s.numa, s.kv, s.attention)
-    spec = BatchSpec(target, doc_ids, tasks, engine, ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens),
-                     model_fingerprint(model_path))
+    try:
+        workers, threads = size_workers(a.workers, s.threads, thread_plan(0, s.numa).count, bool(a.ray_address))
+    except ValueError as e:
+        raise CliError(f"--workers/--threads: {e}") from e
+    spec = session_spec(ctx.session, target, doc_ids, tasks, ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens),
+                        threads)
     if not ctx.json or a.verbose:
         err(f"batch {spec.batch_id}: {len(doc_ids)} documents x {len(tasks)} tasks, model {model_path.name}, "
             f"{'Ray at ' + a.ray_address if a.ray_address else 'local Ray'}, "
             f"{workers or 'cluster-sized'} workers x {threads} threads")
     try:
-        pool = RayPool(engine, workers, threads, a.ray_address, verbose=a.verbose)
+        pool = RayPool(spec.engine, workers, threads, a.ray_address, verbose=a.verbose)
     except WorkerError as e:
         raise CliError(str(e)) from e
     except ConnectionError as e:
