@@ -71,6 +71,7 @@ def cmd_batch(ctx: Context) -> int:
         raise CliError(str(e)) from e
     except ConnectionError as e:
         raise CliError(f"cannot reach the Ray cluster at {a.ray_address}: {e}") from e
+    err("workers: " + ", ".join(pool.names))
     try:
         report = run_batch(ctx.store, spec, pool, on_progress=lambda p: err(p.line()))
     finally:
