@@ -60,6 +60,13 @@ def connect(address: str | None, num_cpus: int, verbose: bool = False) -> bool:
     """Join the cluster at ``address``, or start a local runtime of ``num_cpus`` CPUs; True
     when this call started one (so ``close`` stops it)."""
     quiet_ray_environment()
+    if address:
+        # `ray start` turns token authentication on and keeps the token in ~/.ray/auth_token; a
+        # driver sends it only in token mode (read when ray is imported), so one whose token is
+        # at hand says so.
+        token = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+        if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or Path(token).is_file()):
+            os.environ["RAY_AUTH_MODE"] = "token"
     import ray
 
     if ray.is_initialized():

@@ -3,6 +3,8 @@ store and in a CSV, JSON Lines or Markdown file. The work is app/batch's; this m
 the options, sizes the workers and shows the progress."""
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 
 from app.cli.commands import ask_target
@@ -65,17 +67,20 @@ def cmd_batch(ctx: Context) -> int:
         err(f"batch {spec.batch_id}: {len(doc_ids)} documents x {len(tasks)} tasks, model {model_path.name}, "
             f"{'Ray at ' + a.ray_address if a.ray_address else 'local Ray'}, "
             f"{workers or 'cluster-sized'} workers x {threads} threads")
-    try:
-        pool = RayPool(spec.engine, workers, threads, a.ray_address, verbose=a.verbose)
-    except WorkerError as e:
-        raise CliError(str(e)) from e
-    except ConnectionError as e:
-        raise CliError(f"cannot reach the Ray cluster at {a.ray_address}: {e}") from e
-    err("workers: " + ", ".join(pool.names))
-    try:
-        report = run_batch(ctx.store, spec, pool, on_progress=lambda p: err(p.line()))
-    finally:
-        pool.close()
+    # Ray prints its own notes (a task retried, a worker restarted) on stdout: they go to stderr,
+    # so that stdout holds the result alone (--json).
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            pool = RayPool(spec.engine, workers, threads, a.ray_address, verbose=a.verbose)
+        except WorkerError as e:
+            raise CliError(str(e)) from e
+        except ConnectionError as e:
+            raise CliError(f"cannot reach the Ray cluster at {a.ray_address}: {e}") from e
+        err("workers: " + ", ".join(pool.names))
+        try:
+            report = run_batch(ctx.store, spec, pool, on_progress=lambda p: err(p.line()))
+        finally:
+            pool.close()
     out = write_results(Path(a.out), export_rows(batches.results(ctx.store, spec.batch_id)))
     summary = {**report.as_dict(), "tasks": len(tasks), "model": model_path.name, "workers": pool.workers,
                "threads": threads, "out": str(out), "format": fmt}
