@@ -63,6 +63,19 @@ def locate_model(engine: EngineSpec) -> Path:
                       f"copy it to one of them on every worker machine")
 
 
+def own_cache_dir() -> Path:
+    """This process's cache folder on this machine, ``TMP/ellm-batch-UID/PID``. The folders of
+    workers that are gone (killed: nobody deleted theirs) are deleted first."""
+    base = Path(tempfile.gettempdir()) / f"ellm-batch-{os.getuid()}"
+    base.mkdir(parents=True, exist_ok=True)
+    for old in base.iterdir():
+        if old.name.isdigit() and int(old.name) != os.getpid() and not Path(f"/proc/{old.name}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    mine = base / str(os.getpid())
+    mine.mkdir(exist_ok=True)
+    return mine
+
+
 class DocumentWorker:
     """The engine of one worker and the documents it answers."""
 
@@ -70,7 +83,7 @@ class DocumentWorker:
         self.engine_spec = engine
         self.name = worker_name()
         self._own_cache = cache_dir is None
-        self.cache_dir = Path(cache_dir or tempfile.mkdtemp(prefix="ellm-batch-cache-"))
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else own_cache_dir()
         if backend is None:
             from app.runtime.engines import open_backend
             from app.runtime.model_files import ModelError
