@@ -21,6 +21,10 @@ from typing import Callable, Iterable, Iterator
 RESTARTS = 3          # restarts of a dead worker, and retries of the document it was answering
 IN_FLIGHT = 2         # documents queued per worker: the next one is there when one finishes
 WAIT_S = 0.5          # how often the driver looks at its cancel flag while it waits
+AUTH_HINT = ("if the cluster was started with RAY_AUTH_MODE=disabled, run this with RAY_AUTH_MODE=disabled too; "
+             "with token authentication (ray start's default) its token must be in ~/.ray/auth_token or "
+             "RAY_AUTH_TOKEN")
+STARTUP_S = 600      # how long the workers may take to load (a cluster short of CPUs never starts them)
 REPLACEMENTS = 4      # workers given up on after their restarts that are replaced by new ones
 
 
@@ -63,7 +67,8 @@ def connect(address: str | None, num_cpus: int, verbose: bool = False) -> bool:
     if address:
         # `ray start` turns token authentication on and keeps the token in ~/.ray/auth_token; a
         # driver sends it only in token mode (read when ray is imported), so one whose token is
-        # at hand says so.
+        # at hand says so. A cluster started with RAY_AUTH_MODE=disabled wants the same setting
+        # here (its workers never start for a driver in token mode): AUTH_HINT says so.
         token = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
         if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or Path(token).is_file()):
             os.environ["RAY_AUTH_MODE"] = "token"
@@ -107,10 +112,16 @@ class RayPool:
         self.actors = [self._new_actor() for _ in range(workers)]
         self.replaced = 0
         try:
-            self.names = ray.get([a.name.remote() for a in self.actors])
+            self.names = ray.get([a.name.remote() for a in self.actors], timeout=STARTUP_S)
+        except ray.exceptions.GetTimeoutError as e:
+            cpus = cluster_cpus()
+            self.close()
+            raise WorkerError(f"the {workers} workers did not start within {STARTUP_S} s; the cluster has {cpus} "
+                              f"CPUs for {workers} workers x {threads} threads") from e
         except ray.exceptions.RayError as e:
             self.close()
-            raise WorkerError(f"the batch workers could not start: {cause(e)}") from e
+            hint = f" ({AUTH_HINT})" if address else ""
+            raise WorkerError(f"the batch workers could not start: {cause(e)}{hint}") from e
 
     def _new_actor(self):
         return self._actor_class.remote(self.engine, self.threads)

@@ -28,7 +28,7 @@ def cmd_batch(ctx: Context) -> int:
     from app.batch.driver import run_batch, session_spec
     from app.batch.export import BatchExportError, export_rows, format_for, write_results
     from app.batch.pools import size_workers
-    from app.batch.ray_pool import RayPool
+    from app.batch.ray_pool import AUTH_HINT, RayPool
     from app.batch.spec import read_questions, tasks_from
     from app.batch.worker import WorkerError
     from app.runtime.engines import thread_plan
@@ -75,7 +75,7 @@ def cmd_batch(ctx: Context) -> int:
         except WorkerError as e:
             raise CliError(str(e)) from e
         except ConnectionError as e:
-            raise CliError(f"cannot reach the Ray cluster at {a.ray_address}: {e}") from e
+            raise CliError(f"cannot reach the Ray cluster at {a.ray_address}: {e} ({AUTH_HINT})") from e
         err("workers: " + ", ".join(pool.names))
         try:
             report = run_batch(ctx.store, spec, pool, on_progress=lambda p: err(p.line()))
