@@ -31,10 +31,12 @@ class BatchTab(QWidget):
     """Something a person may want to know (for the status bar)."""
 
     def __init__(self, session, resolve_target: Callable[[str], AskTarget], pool: QThreadPool | None = None,
-                 parent=None):
+                 parent=None, engine_busy: Callable[[], bool] = lambda: False):
         super().__init__(parent)
         self.session = session
         self.resolve_target = resolve_target
+        self.engine_busy = engine_busy   # an answer or a summary holds the window's engine
+        self.in_window = False           # the running batch uses the window's engine (one worker)
         self.pool = pool or QThreadPool.globalInstance()
         self.job: Job | None = None
         self.batch_id: str | None = None
@@ -111,10 +113,14 @@ class BatchTab(QWidget):
         if not tasks:
             self.sig_error.emit("Write at least one question (one a line), or tick Summarize.")
             return None
+        session, workers = self.session, self.workers.value()
+        if workers == 1 and self.engine_busy():
+            self.sig_error.emit("An answer or a summary is using the model: wait for it, or run the batch "
+                                "with 2 or more workers (a local Ray runtime with engines of its own).")
+            return None
         if not target.doc_ids:
             self.sig_error.emit(f"{target.heading}.")
             return None
-        session, workers = self.session, self.workers.value()
         name = {SELECTED: "docs:" + ",".join(str(i) for i in sorted(target.doc_ids)),
                 FOLDER: f"folder:{target.folder}", EVERYTHING: "all"}[target.kind]
         try:
@@ -149,9 +155,14 @@ class BatchTab(QWidget):
         self.progress.setValue(0)
         self.status.setText(f"Starting: {len(target.doc_ids)} documents x {len(tasks)} tasks…")
         self.show_results()
+        self.in_window = workers == 1
         self.job = start(job, self.pool)
         self._update_buttons()
         return job
+
+    def uses_window_engine(self) -> bool:
+        """Whether a batch runs now on the window's own engine (so nothing else may use it)."""
+        return self.job is not None and self.in_window
 
     def cancel(self) -> None:
         if self.job:

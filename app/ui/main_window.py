@@ -47,7 +47,8 @@ class MainWindow(QMainWindow):
         self.ask_pane = AskPane()
         self.summary_pane = SummaryPane(session, self.pool)
         self.hardware_tab = HardwareTab(session, self.pool)
-        self.batch_tab = BatchTab(session, self.target_of, self.pool)
+        self.batch_tab = BatchTab(session, self.target_of, self.pool, engine_busy=self.engine_busy)
+        self.summary_pane.engine_busy = lambda: self.batch_tab.uses_window_engine()
         self.tabs = QTabWidget()
         self.tabs.setObjectName("sideTabs")
         self.tabs.addTab(self.ask_pane, "Ask")
@@ -186,6 +187,10 @@ class MainWindow(QMainWindow):
         return resolve(kind, self.docs, self.library.selected_ids(), self.library.current_id(),
                        self.library.chosen_folder())
 
+    def engine_busy(self) -> bool:
+        """Whether an answer or a summary is using the window's engine now (one generation at a time)."""
+        return self.ask_job is not None or self.summary_pane.job is not None
+
     def update_target(self) -> AskTarget:
         target = self.ask_target()
         self.ask_pane.show_target(target, self.titles())
@@ -221,6 +226,9 @@ class MainWindow(QMainWindow):
 
         if self.ask_job is not None:
             return self.ask_job
+        if self.batch_tab.uses_window_engine():
+            self.show_error("A batch is using the model in this window: stop it (Batch tab) or wait for it.")
+            return None
         target = self.update_target()
         ids = list(target.doc_ids)
         if not ids:

@@ -35,6 +35,7 @@ class SummaryPane(QWidget):
         self.doc: dict | None = None
         self.job: Job | None = None
         self.summary: dict | None = None  # {"title", "text", "method", "source"} of the summary shown
+        self.engine_busy = lambda: False   # the window says when another job holds the engine
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -105,6 +106,9 @@ class SummaryPane(QWidget):
             return None
         if self.job is not None:
             return self.job
+        if self.engine_busy():
+            self.sig_error.emit("A batch is using the model in this window: stop it (Batch tab) or wait for it.")
+            return None
         session, doc_id = self.session, self.doc["id"]
 
         def work(ctl: JobControl):

@@ -4,6 +4,7 @@ page in the viewer, a second run skipping what is done, and the export."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from PySide6.QtCore import Qt
 
@@ -59,3 +60,21 @@ def test_running_without_questions_says_what_to_do(qtbot, window):
     window.batch_tab.sig_error.connect(errors.append)
     assert window.batch_tab.run() is None
     assert errors == ["Write at least one question (one a line), or tick Summarize."]
+
+
+def test_a_batch_in_the_window_and_an_answer_never_share_the_engine(qtbot, window):
+    errors = []
+    tab = window.batch_tab
+    tab.sig_error.connect(errors.append)
+    running = SimpleNamespace(cancel=lambda: None)
+    window.ask_job = running             # an answer being written
+    tab.questions.setPlainText("Q?")
+    try:
+        assert tab.run() is None and "An answer or a summary is using the model" in errors[-1]
+        window.ask_job = None
+        tab.job, tab.in_window = running, True   # a batch running in the window
+        assert window.ask("Q?") is None and "A batch is using the model" in window.statusBar().currentMessage()
+        window.summary_pane.doc = {"id": 1}
+        assert window.summary_pane.summarize() is None
+    finally:
+        window.ask_job = tab.job = window.summary_pane.doc = None
