@@ -126,10 +126,19 @@ def run_batch(store: Store, spec: BatchSpec, pool: Pool, on_progress: Callable[[
     failed = 0
     missing_of = dict(todo)
 
+    finished: set[int] = set()
+
     def jobs() -> Iterator[DocumentJob]:
         # Read lazily: a pool takes a document's content only when a worker is ready for it.
+        nonlocal failed
         for doc_id, missing in todo:
-            yield DocumentJob(DocumentContent.from_store(store, doc_id), missing)
+            try:
+                content = DocumentContent.from_store(store, doc_id)
+            except KeyError as e:   # removed from the library since the batch was resolved
+                batches.record_failure(store, spec.batch_id, doc_id, str(e).strip("'\""))
+                failed += 1
+                continue
+            yield DocumentJob(content, missing)
 
     def note(what: str) -> None:
         if on_progress is not None:
@@ -153,7 +162,8 @@ def run_batch(store: Store, spec: BatchSpec, pool: Pool, on_progress: Callable[[
             expected = len(missing_of[outcome.doc_id])
             report.answers += batches.add_results(store, spec.batch_id, rows,
                                                   doc_id=outcome.doc_id if len(rows) == expected else None)
-            if len(rows) == expected:
+            if len(rows) == expected and outcome.doc_id not in finished:  # once, were it delivered twice
+                finished.add(outcome.doc_id)
                 report.done += 1
                 report.docs_this_run += 1
             note(title)

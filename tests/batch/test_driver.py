@@ -140,6 +140,7 @@ def test_results_delivered_twice_are_written_once(store, docs, model_file, tmp_p
     pool, _ = make_pool(model_file, tmp_path)
     report = run_batch(store, spec, TwicePool(pool))
     assert report.answers == 20 and len(batches.results(store, spec.batch_id)) == 20
+    assert (report.done, report.docs_this_run) == (10, 10) and report.complete
 
 
 def test_a_document_that_fails_is_recorded_with_its_reason_and_the_batch_goes_on(store, docs, model_file, tmp_path):
@@ -151,6 +152,14 @@ def test_a_document_that_fails_is_recorded_with_its_reason_and_the_batch_goes_on
     assert [(f["doc"], f["attempts"]) for f in report.failures] == [(empty, 1)]
     assert "no text in the store" in report.failures[0]["reason"]
     assert run_batch(store, spec, pool).failures[0]["attempts"] == 2, "the next run tries it again"
+
+
+def test_a_document_removed_before_its_turn_is_a_failure_not_a_crash(store, docs, model_file, tmp_path):
+    spec = make_spec([docs[0], 999, docs[1]], model_file)
+    pool, _ = make_pool(model_file, tmp_path)
+    report = run_batch(store, spec, pool)
+    assert report.done == 2 and [(f["doc"], f["reason"]) for f in report.failures] == [
+        (999, f"no document with id 999 in {store.path}")]
 
 
 def test_summaries_are_a_task_of_their_own(store, docs, model_file, tmp_path):
