@@ -43,3 +43,14 @@ def test_slots_take_disjoint_cores_and_a_released_slot_is_taken_again(tmp_path):
 def test_a_results_file_of_another_kind_is_refused_before_anything_loads(cli):
     rc, _, err = cli("batch", "--all", "--ask", "Q?", "--out", "results.txt")
     assert rc == 1 and "results.txt: the results file must end in .csv, .jsonl or .md" in err
+
+
+def test_a_questions_file_gives_one_question_a_line_and_an_empty_one_is_refused(cli, tmp_path):
+    from app.batch.spec import read_questions
+
+    path = tmp_path / "questions.txt"
+    path.write_text("# the contract's dates\nWhen was it signed?\n\n  When does it end?  \n", encoding="utf-8")
+    assert read_questions(str(path)) == ["When was it signed?", "When does it end?"]
+    path.write_text("# nothing yet\n\n", encoding="utf-8")
+    rc, _, err = cli("batch", "--all", "--questions", str(path), "--out", str(tmp_path / "r.csv"))
+    assert rc == 1 and f"{path}: no questions in it" in err
