@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from PySide6.QtCore import Qt
 
 from app.qa.targets import EVERYTHING
+from app.settings import Settings
 from app.store import batches
 from tests.ui.helpers import ANSWER_TIMEOUT_MS, ingest
 
@@ -24,6 +25,8 @@ def run_and_wait(qtbot, tab):
 
 
 def test_a_batch_fills_the_table_and_a_row_opens_the_cited_page(qtbot, window, corpus, tmp_path):
+    # Short answers: the table is what is tested (the window's fixture settings otherwise).
+    window.session.save_settings(Settings(engine="llamacpp", n_ctx=2048, max_tokens=16, temperature=0.0))
     ingest(qtbot, window, corpus)
     tab = window.batch_tab
     window.tabs.setCurrentWidget(tab)
