@@ -43,9 +43,6 @@ class BatchActor:
     def name(self) -> str:
         return f"{self.worker.name} slot {self.slot.index}"
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def run(self, job, params):
         from app.batch.worker import DocumentOutcome
 
@@ -126,11 +123,6 @@ class RayPool:
     def _new_actor(self):
         return self._actor_class.remote(self.engine, self.threads)
 
-    def pids(self) -> list[int]:
-        import ray
-
-        return ray.get([a.pid.remote() for a in self.actors])
-
     def outcomes(self, jobs: Iterable, params, cancel: Callable[[], bool] | None = None) -> Iterator:
         import ray
 
@@ -163,8 +155,8 @@ class RayPool:
                 try:
                     yield ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    yield DocumentOutcome(job.content.doc_id, error=f"its worker failed {RESTARTS + 1} times: "
-                                                                    f"{cause(e)}")
+                    yield DocumentOutcome(job.content.doc_id, error=f"its worker died with no restarts left "
+                                                                    f"(Ray restarts one {RESTARTS} times): {cause(e)}")
                     self._replace_if_dead(i)
             while submit():
                 pass
