@@ -4,6 +4,7 @@ documented in README.md; change them only by adding.
     context.py         what one invocation shares (arguments, session, errors)
     parser.py          the subcommands and options
     commands.py        the product's subcommands
+    batch_command.py   `ellm batch`: many documents and questions on Ray workers
     bench_commands.py  the measurement subcommands
 """
 from __future__ import annotations

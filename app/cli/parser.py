@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from app import __version__
+from app.cli.batch_command import cmd_batch
 from app.cli.bench_commands import cmd_bench, cmd_kv_probe
 from app.cli.commands import (cmd_ask, cmd_complete, cmd_docs, cmd_doctor, cmd_gui, cmd_hw, cmd_ingest, cmd_models,
                               cmd_read, cmd_summarize)
@@ -33,6 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--attention", choices=ATTENTION, default=None,
                        help="attention for this call (default: settings, auto); llama.cpp is always dense")
 
+    def target_opts(p: argparse.ArgumentParser) -> None:
+        """What is asked about: documents, a folder or everything (qa/targets.py resolves them)."""
+        target = p.add_mutually_exclusive_group(required=True)
+        target.add_argument("--doc", action="append", metavar="ID_OR_TITLE_OR_FILENAME",
+                            help="the document (repeat for several)")
+        target.add_argument("--folder", metavar="PATH", help="every ingested document under this folder")
+        target.add_argument("--all", action="store_true", help="every ingested document")
+
     parser = argparse.ArgumentParser(prog="ellm", parents=[common],
                                      description="Ask questions about whole documents with a local LLM.")
     parser.add_argument("--version", action="version", version=f"ellm {__version__}")
@@ -52,11 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ask", parents=[common], help="ask a question about a document")
     p.add_argument("question")
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--doc", action="append", metavar="ID_OR_TITLE_OR_FILENAME",
-                        help="the document (repeat for several)")
-    target.add_argument("--folder", metavar="PATH", help="every ingested document under this folder")
-    target.add_argument("--all", action="store_true", help="every ingested document")
+    target_opts(p)
     engine_opts(p)
     p.add_argument("--max-tokens", type=int, default=None, metavar="N")
     p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
@@ -71,6 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
     engine_opts(p)
     kv_opts(p)
     p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("batch", parents=[common],
+                       help="ask many documents many questions on Ray workers; resumable, results in the store")
+    target_opts(p)
+    tasks = p.add_mutually_exclusive_group(required=True)
+    tasks.add_argument("--ask", nargs="+", metavar="QUESTION", help="the questions asked of every document")
+    tasks.add_argument("--questions", metavar="FILE", help="a file of questions, one a line")
+    tasks.add_argument("--summarize", action="store_true", help="summarize every document")
+    p.add_argument("--out", required=True, metavar="FILE.csv|.jsonl|.md",
+                   help="the batch's results (all of them, earlier runs' too), format by suffix")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="a Ray cluster (HOST:PORT of `ray start --head`); default: a local runtime")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="workers, each with its own engine (default: cores / threads here, CPUs / threads on a "
+                        "cluster)")
+    engine_opts(p)
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
+    kv_opts(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="the workers' logs too")
+    p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("summarize", parents=[common], help="summarize a whole document and export it")
     p.add_argument("doc", metavar="DOC")

@@ -165,6 +165,49 @@ def _v5_summary_keys(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v6_batches(conn: sqlite3.Connection) -> None:
+    """Batches (`ellm batch`): one row per batch, one result per (batch, document, task, model,
+    settings) and the documents that failed. The unique key is what makes a batch resumable:
+    the driver writes with INSERT OR IGNORE, so a document answered twice (a worker retried
+    after a crash) still leaves one row."""
+    _script(conn,
+        """
+        CREATE TABLE batches (
+            id TEXT PRIMARY KEY,
+            spec TEXT NOT NULL,
+            documents INTEGER NOT NULL,
+            tasks INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        );
+        CREATE TABLE batch_results (
+            id INTEGER PRIMARY KEY,
+            batch_id TEXT NOT NULL REFERENCES batches(id) ON DELETE CASCADE,
+            doc_id INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            question TEXT NOT NULL,
+            model TEXT NOT NULL,
+            settings TEXT NOT NULL,
+            answer TEXT NOT NULL,
+            citations TEXT NOT NULL,
+            engine TEXT,
+            worker TEXT,
+            timings TEXT,
+            created_at TEXT NOT NULL,
+            UNIQUE (batch_id, doc_id, kind, question, model, settings)
+        );
+        CREATE TABLE batch_failures (
+            batch_id TEXT NOT NULL REFERENCES batches(id) ON DELETE CASCADE,
+            doc_id INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 1,
+            failed_at TEXT NOT NULL,
+            PRIMARY KEY (batch_id, doc_id)
+        );
+        """
+    )
+
+
 # Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_documents,
@@ -172,6 +215,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v3_history_and_folders,
     _v4_kv_caches,
     _v5_summary_keys,
+    _v6_batches,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

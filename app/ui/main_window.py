@@ -1,5 +1,5 @@
 """The main window: the library on the left, the document viewer in the middle, and
-the ask / summary / hardware tabs on the right. It wires the panes to the services
+the ask / summary / batch / hardware tabs on the right. It wires the panes to the services
 (ingest, ask) and to each other; the panes hold the widgets."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from app.qa.targets import AskTarget, resolve, scope_note
 from app.qa.history import PastAnswer, history, latest
 from app.session import Session
 from app.ui.ask_pane import AskPane
+from app.ui.batch_tab import BatchTab
 from app.ui.hardware_tab import HardwareTab
 from app.ui.library import FolderWatcher, LibraryPane
 from app.ui.reader import ReadAhead
@@ -49,10 +50,13 @@ class MainWindow(QMainWindow):
         self.ask_pane = AskPane()
         self.summary_pane = SummaryPane(session, self.pool)
         self.hardware_tab = HardwareTab(session, self.pool)
+        self.batch_tab = BatchTab(session, self.target_of, self.pool, engine_busy=self.engine_busy)
+        self.summary_pane.engine_busy = lambda: self.batch_tab.uses_window_engine()
         self.tabs = QTabWidget()
         self.tabs.setObjectName("sideTabs")
         self.tabs.addTab(self.ask_pane, "Ask")
         self.tabs.addTab(self.summary_pane, "Summary")
+        self.tabs.addTab(self.batch_tab, "Batch")
         self.tabs.addTab(self.hardware_tab, "Hardware")
         self.tabs.currentChanged.connect(self._tab_changed)
         splitter = QSplitter()
@@ -80,7 +84,8 @@ class MainWindow(QMainWindow):
         self.ask_pane.sig_history_search.connect(self.search_history)
         self.ask_pane.sig_target_changed.connect(self.update_target)
         self.watcher.sig_changed.connect(self.folders_changed)
-        for pane in (self.summary_pane, self.hardware_tab):
+        self.batch_tab.sig_citation.connect(self.show_citation)
+        for pane in (self.summary_pane, self.hardware_tab, self.batch_tab):
             pane.sig_error.connect(self.show_error)
             pane.sig_message.connect(self.statusBar().showMessage)
         self.statusBar().showMessage(f"Data: {session.paths.root}")
@@ -189,8 +194,16 @@ class MainWindow(QMainWindow):
     def ask_target(self) -> AskTarget:
         """What a question asked now would be about: the choice in the ask pane, applied to
         the library's selection, its current document and its chosen folder."""
-        return resolve(self.ask_pane.target_kind(), self.docs, self.library.selected_ids(),
-                       self.library.current_id(), self.library.chosen_folder())
+        return self.target_of(self.ask_pane.target_kind())
+
+    def target_of(self, kind: str) -> AskTarget:
+        """The documents of a target ``kind`` (qa/targets.py) as the library stands now."""
+        return resolve(kind, self.docs, self.library.selected_ids(), self.library.current_id(),
+                       self.library.chosen_folder())
+
+    def engine_busy(self) -> bool:
+        """Whether an answer or a summary is using the window's engine now (one generation at a time)."""
+        return self.ask_job is not None or self.summary_pane.job is not None
 
     def update_target(self) -> AskTarget:
         target = self.ask_target()
@@ -227,6 +240,9 @@ class MainWindow(QMainWindow):
 
         if self.ask_job is not None:
             return self.ask_job
+        if self.batch_tab.uses_window_engine():
+            self.show_error("A batch is using the model in this window: stop it (Batch tab) or wait for it.")
+            return None
         target = self.update_target()
         ids = list(target.doc_ids)
         if not ids:
@@ -315,7 +331,7 @@ class MainWindow(QMainWindow):
         """Closing stops the work in progress: an answer at its next token, ingestion
         after the current file, a summary at its next token, reading after its chunk."""
         self.reader.stop()
-        for job in (self.ask_job, self.ingest_job, self.summary_pane.job):
+        for job in (self.ask_job, self.ingest_job, self.summary_pane.job, self.batch_tab.job):
             if job is not None:
                 job.cancel()
         self.watcher.timer.stop()

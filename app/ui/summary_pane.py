@@ -36,6 +36,7 @@ class SummaryPane(QWidget):
         self.job: Job | None = None
         self.reader = None   # the window's ReadAhead, paused while a summary runs
         self.summary: dict | None = None  # {"title", "text", "method", "source"} of the summary shown
+        self.engine_busy = lambda: False   # the window says when another job holds the engine
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -106,6 +107,9 @@ class SummaryPane(QWidget):
             return None
         if self.job is not None:
             return self.job
+        if self.engine_busy():
+            self.sig_error.emit("A batch is using the model in this window: stop it (Batch tab) or wait for it.")
+            return None
         session, doc_id = self.session, self.doc["id"]
 
         if self.reader is not None:
