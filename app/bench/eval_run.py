@@ -21,7 +21,7 @@ from typing import Callable
 
 from app.bench.eval_score import score
 from app.bench.eval_set import EvalDocument, QuestionSet
-from app.engine.kv.sizes import CONTEXT_MULTIPLE, KVShape, kv_bytes_per_token, max_context
+from app.engine.kv.sizes import CONTEXT_MULTIPLE, MIN_CONTEXT, KVShape, kv_bytes_per_token, max_context
 from app.qa.answer import AskError, answer
 from app.qa.pages import TEMPLATE_OVERHEAD
 from app.qa.prompt import SYSTEM_PROMPT
@@ -172,6 +172,8 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
                                if mode.whole_context else (None, ""))
             mode_session = Session(paths, {**base, **mode.overrides(n_ctx)})
             try:
+                if n_ctx is not None and n_ctx < MIN_CONTEXT:
+                    raise SessionError(f"no context of at least {MIN_CONTEXT} tokens: {ctx_note}")
                 backend = mode_session.backend()
             except (SessionError, ModelError, ValueError) as e:
                 report.skipped.append({"mode": mode.name, "document": doc.name, "reason": str(e)})
@@ -210,7 +212,7 @@ def ask_one(session: Session, backend, params, mode: EvalMode, doc: EvalDocument
             "pages_used": len(result.plan.pages), "total_pages": result.plan.total_pages,
             "engine": result.engine, "n_ctx": backend.n_ctx, "context_note": ctx_note,
             "ttft_s": t.get("first_token_s") or None, "total_s": t.get("total_s", round(time.perf_counter() - t0, 3)),
-            "prompt_tokens": t.get("prompt_tokens"), "kv_cache": t.get("kv_cache"), "error": ""}
+            "prompt_tokens": t.get("prompt_tokens"), "kv_cache": t.get("kv_cache"), "timings": t, "error": ""}
 
 
 def failed_row(mode: EvalMode, doc: EvalDocument, q, error: str) -> dict:
