@@ -96,6 +96,24 @@ def test_the_shipped_question_set_names_packages_pages_and_phrases():
     assert limited.documents[0].questions == qs.documents[0].questions[:2]
 
 
+def test_every_accepted_phrase_is_on_its_page_of_the_fetched_documents():
+    """The question set against the real documents, as eLLM reads them (skipped until
+    `python -m app.bench.eval_docs tests/data/eval/questions.json` has fetched them)."""
+    from app.bench.eval_docs import cache_dir, cached_document
+    from app.docs import read
+
+    qs = load_question_set(QUESTIONS)
+    found = [(d, cached_document(d, cache_dir())) for d in qs.documents]
+    if not all(path for _, path in found):
+        pytest.skip("the documents are not fetched (python -m app.bench.eval_docs)")
+    for d, path in found:
+        doc = read(path)
+        assert len(doc.pages) == d.pages, d.name
+        for q in d.questions:
+            text = normalise(doc.pages[q.page - 1].text)
+            assert any(normalise(a) in text for a in q.answers), (d.name, q.page, q.answers)
+
+
 def write_json(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj))
     return path
