@@ -61,6 +61,17 @@ class QuestionSet:
         docs = tuple(EvalDocument(**{**d.__dict__, "questions": d.questions[:limit]}) for d in self.documents)
         return QuestionSet(self.source, docs)
 
+    def only(self, names: list[str] | None) -> "QuestionSet":
+        """The documents named (by file name), in the file's order; all when None."""
+        if not names:
+            return self
+        known = [d.name for d in self.documents]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise QuestionSetError(f"{self.source}: no document named {', '.join(unknown)}; "
+                                   f"the documents are {', '.join(known)}")
+        return QuestionSet(self.source, tuple(d for d in self.documents if d.name in names))
+
     @property
     def n_questions(self) -> int:
         return sum(len(d.questions) for d in self.documents)

@@ -193,7 +193,7 @@ def cmd_eval(ctx: Context) -> int:
     if a.limit is not None and a.limit < 1:
         raise CliError(f"--limit must be at least 1, not {a.limit}")
     try:
-        questions = load_question_set(a.questions).limited(a.limit)
+        questions = load_question_set(a.questions).only(a.doc).limited(a.limit)
         files = document_files(questions, cache_dir(a.docs_dir))
         # The model is the product's choice (its data directory's default) unless --model says.
         model = resolve_model(a.model or "", Paths.resolve(None).models_dir)

@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=ENGINES, default=None,
                    help="engine for the modes that do not choose one (default: settings, auto)")
     p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--doc", action="append", metavar="NAME", help="only this document (file name; repeat for several)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N questions of each document")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="answer tokens (default 160)")
     p.add_argument("--docs-dir", default=None, metavar="DIR",

@@ -91,6 +91,9 @@ def test_the_shipped_question_set_names_packages_pages_and_phrases():
         assert all(1 <= p <= d.pages for p in nums)
         # spread over the document: early, middle and late pages
         assert min(nums) < d.pages / 4 and max(nums) > 3 * d.pages / 4
+    assert [d.name for d in qs.only(["fhs-3.0.pdf", "R-FAQ.pdf"]).documents] == ["R-FAQ.pdf", "fhs-3.0.pdf"]
+    with pytest.raises(QuestionSetError, match=r"no document named fhs\.pdf; the documents are R-FAQ\.pdf, fhs-3\.0"):
+        qs.only(["fhs.pdf"])
     limited = qs.limited(2)
     assert [len(d.questions) for d in limited.documents] == [2, 2, 2, 2]
     assert limited.documents[0].questions == qs.documents[0].questions[:2]
