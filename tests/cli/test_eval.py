@@ -298,3 +298,17 @@ def test_unknown_mode_and_missing_documents_are_clear_errors(cli, tmp_path, mode
     assert rc == 1 and "--modes: unknown mode 'sparse'" in err
     rc, _, err = cli("eval", str(questions), "--docs-dir", str(tmp_path / "elsewhere"), "--model", str(model))
     assert rc == 1 and "missing or changed:" in err and "elsewhere/treaty.pdf" in err
+
+
+def test_a_mode_that_cannot_hold_the_document_is_skipped_with_the_reason(tmp_path, model, monkeypatch):
+    pdf = make_pdf(tmp_path / "treaty.pdf", TREATY)
+    questions = load_question_set(local_set(tmp_path, pdf))
+    cfg = EvalConfig(data_dir=tmp_path / "data", model=model, modes=(find_mode("dense"),), max_tokens=8)
+    monkeypatch.setenv("ELLM_FAKE_MEMAVAILABLE", str(1 << 30))   # no room for any KV cache
+    report = run_eval(cfg, questions, [pdf])
+    [skip] = report.skipped
+    assert skip["mode"] == "dense" and skip["document"] == "treaty.pdf"
+    assert "no context of at least 1024 tokens" in skip["reason"] and "fit in free memory" in skip["reason"]
+    assert [(r["right"], r["whole"], r["error"]) for r in report.rows] == [(False, False, skip["reason"])] * 2
+    [s] = report.summary()
+    assert (s["questions"], s["errors"], s["right"], s["ttft_s_median"]) == (2, 2, 0.0, None)
