@@ -220,17 +220,19 @@ def failed_row(mode: EvalMode, doc: EvalDocument, q, error: str) -> dict:
             "accepted": list(q.answers), "answer": "", "right": False, "cited": False, "whole": False,
             "cited_pages": [], "attended_pages": [], "pages_used": 0, "total_pages": 0, "engine": mode.engine or "",
             "n_ctx": None, "context_note": "", "ttft_s": None, "total_s": 0.0, "prompt_tokens": None,
-            "kv_cache": None, "error": error}
+            "kv_cache": None, "timings": {}, "error": error}
+
+
+def seconds(v: float | None) -> str:
+    return f"{v:8.2f}" if v is not None else f"{'-':>8}"
 
 
 def format_table(report: EvalReport) -> str:
+    """Per mode: questions, right %, cited %, whole %, median seconds to the first token and in all."""
     lines = [f"{'mode':<10} {'questions':>9} {'right':>7} {'cited':>7} {'whole':>7} {'ttft s':>8} {'total s':>8}"]
     for s in report.summary():
-        def sec(v):
-            return f"{v:8.2f}" if v is not None else f"{'-':>8}"
-
         lines.append(f"{s['mode']:<10} {s['questions']:>9} {s['right']:>7.0%} {s['cited']:>7.0%} {s['whole']:>7.0%} "
-                     f"{sec(s['ttft_s_median'])} {sec(s['total_s_median'])}"
+                     f"{seconds(s['ttft_s_median'])} {seconds(s['total_s_median'])}"
                      + (f"  ({s['errors']} errors)" if s["errors"] else ""))
     for d in report.documents:
         lines.append(f"  {d['name']}: {d['pages']} pages, {d['tokens']} tokens, {d['questions']} questions")

@@ -239,6 +239,11 @@ TREATY = ["The River Treaty\n\nThe Treaty of Foo was signed in 1848 by the three
           "The end\n\nThe treaty ended in 1901, when the railway made the river tolls useless."]
 
 
+KEYS = {"mode", "document", "question", "page", "accepted", "answer", "right", "cited", "whole", "cited_pages",
+        "attended_pages", "pages_used", "total_pages", "engine", "n_ctx", "context_note", "ttft_s", "total_s",
+        "prompt_tokens", "kv_cache", "timings", "error"}   # the row keys README.md documents
+
+
 def local_set(tmp_path: Path, pdf: Path) -> Path:
     return write_json(tmp_path / "questions.json", {"documents": [{"file": pdf.name, "sha256": sha256_of(pdf), "questions": [
         {"question": "Who kept the lamp of the northern lighthouse burning?", "answers": ["Marta Quill", "Quill"],
@@ -257,6 +262,7 @@ def test_ellm_eval_asks_every_question_and_writes_every_row(cli, tmp_path, model
     assert rc == 0, stderr
     report = json.loads(out.read_text())
     rows = report["rows"]
+    assert all(set(r) == KEYS for r in rows)
     assert [(r["mode"], r["document"], r["page"]) for r in rows] == [("rag8k", "treaty.pdf", 2),
                                                                      ("rag8k", "treaty.pdf", 3)]
     for r in rows:
@@ -310,5 +316,6 @@ def test_a_mode_that_cannot_hold_the_document_is_skipped_with_the_reason(tmp_pat
     assert skip["mode"] == "dense" and skip["document"] == "treaty.pdf"
     assert "no context of at least 1024 tokens" in skip["reason"] and "fit in free memory" in skip["reason"]
     assert [(r["right"], r["whole"], r["error"]) for r in report.rows] == [(False, False, skip["reason"])] * 2
+    assert {k for r in report.rows for k in r} == KEYS, "a failed row has every key of an answered one"
     [s] = report.summary()
     assert (s["questions"], s["errors"], s["right"], s["ttft_s_median"]) == (2, 2, 0.0, None)
