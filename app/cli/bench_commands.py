@@ -169,3 +169,50 @@ def cmd_kv_probe(ctx: Context) -> int:
     print(f"  max KL divergence    {result.max_kl:.6f} nats")
     print(f"  top-1 agreement      {result.top1_agreement:.2%}")
     return 0
+
+
+def cmd_eval(ctx: Context) -> int:
+    """``ellm eval QUESTIONS.json``: the question set asked in each mode, scored side by side."""
+    import shutil
+    import tempfile
+
+    from app.bench.eval_docs import EvalDocError, cache_dir, document_files
+    from app.bench.eval_run import EvalConfig, find_mode, format_table, run_eval
+    from app.bench.eval_set import QuestionSetError, load_question_set
+    from app.qa.answer import AskError
+    from app.runtime.model_files import ModelError, resolve_model
+    from app.settings import Paths
+
+    a = ctx.args
+    try:
+        modes = tuple(find_mode(m) for m in comma_list(a.modes or "defaults,dense,rag8k"))
+    except ValueError as e:
+        raise CliError(f"--modes: {e}") from e
+    if not modes:
+        raise CliError("--modes takes defaults, dense, rag8k separated by commas")
+    if a.limit is not None and a.limit < 1:
+        raise CliError(f"--limit must be at least 1, not {a.limit}")
+    try:
+        questions = load_question_set(a.questions).only(a.doc).limited(a.limit)
+        files = document_files(questions, cache_dir(a.docs_dir))
+        # The model is the product's choice (its data directory's default) unless --model says.
+        model = resolve_model(a.model or "", Paths.resolve(None).models_dir)
+    except (QuestionSetError, EvalDocError, ModelError) as e:
+        raise CliError(str(e)) from e
+    given = getattr(a, "data_dir", None)
+    data_dir = Path(given).expanduser().absolute() if given else Path(tempfile.mkdtemp(prefix="ellm-eval-"))
+    cfg = EvalConfig(data_dir=data_dir, model=model, modes=modes, max_tokens=a.max_tokens or 160,
+                     base={"engine": a.engine, "threads": a.threads})
+    err(f"eval: {questions.n_questions} questions x {len(modes)} modes with {model.name}, data in {data_dir}")
+    try:
+        report = run_eval(cfg, questions, files, progress=lambda what: err(f"eval: {what}"))
+    except (AskError, ValueError) as e:
+        raise CliError(str(e)) from e
+    finally:
+        if not given:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    print(format_table(report))
+    if a.json_file:
+        Path(a.json_file).write_text(json.dumps(report.as_dict(), indent=2, ensure_ascii=False))
+        err(f"eval: results written to {a.json_file}")
+    return 0

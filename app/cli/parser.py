@@ -6,7 +6,7 @@ import argparse
 
 from app import __version__
 from app.cli.batch_command import cmd_batch
-from app.cli.bench_commands import cmd_bench, cmd_kv_probe
+from app.cli.bench_commands import cmd_bench, cmd_eval, cmd_kv_probe
 from app.cli.commands import (cmd_ask, cmd_complete, cmd_docs, cmd_doctor, cmd_gui, cmd_hw, cmd_ingest, cmd_models,
                               cmd_read, cmd_summarize)
 from app.settings import ATTENTION, ENGINES, KV_SETTINGS
@@ -184,4 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="probe the document's first N tokens (default 4096)")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
     p.set_defaults(func=cmd_kv_probe)
+
+    p = sub.add_parser("eval", parents=[data_only],
+                       help="answer quality on a question set: right, cited, whole document, seconds, per mode")
+    p.add_argument("questions", metavar="QUESTIONS.json", help="the question set (tests/data/eval/questions.json)")
+    p.add_argument("--modes", default=None, metavar="MODE[,MODE...]",
+                   help="comma-separated: defaults, dense, rag8k (default: all three)")
+    p.add_argument("--model", default=None, help="GGUF file path or name in the models folder (default: the default model)")
+    p.add_argument("--engine", choices=ENGINES, default=None,
+                   help="engine for the modes that do not choose one (default: settings, auto)")
+    p.add_argument("--threads", type=int, default=None, metavar="N")
+    p.add_argument("--doc", action="append", metavar="NAME", help="only this document (file name; repeat for several)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N questions of each document")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="answer tokens (default 160)")
+    p.add_argument("--docs-dir", default=None, metavar="DIR",
+                   help="where the documents are (default ~/.cache/ellm-eval; python -m app.bench.eval_docs fetches them)")
+    p.add_argument("--json", dest="json_file", metavar="FILE", help="write every row and the summary as JSON to FILE")
+    p.set_defaults(func=cmd_eval)
     return parser
