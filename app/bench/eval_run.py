@@ -174,7 +174,7 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
             try:
                 if n_ctx is not None and n_ctx < MIN_CONTEXT:
                     raise SessionError(f"no context of at least {MIN_CONTEXT} tokens: {ctx_note}")
-                backend = mode_session.backend()
+                backend = mode_session.backend(row["tokens"])   # the automatic context holds the document
             except (SessionError, ModelError, ValueError) as e:
                 report.skipped.append({"mode": mode.name, "document": doc.name, "reason": str(e)})
                 progress(f"{mode.name}: {doc.name}: skipped: {e}")
