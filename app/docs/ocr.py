@@ -1,0 +1,248 @@
+"""OCR of PDF pages that have no text layer (scans), offline.
+
+RapidOCR (rapidocr_onnxruntime) runs PaddleOCR's PP-OCRv4 detection and recognition models on
+onnxruntime; the models ship inside its wheel, so nothing is downloaded, ever. Where it is not
+installed and Tesseract is, pymupdf's own OCR (Page.get_textpage_ocr) is used instead.
+
+A page is rendered alone at OCR_DPI, recognised and released before the next, so a scan of
+thousands of pages takes the memory of one. The recognised words keep their boxes, in PDF
+points and in pymupdf's word-tuple shape, so a citation on a scanned page is highlighted as on
+any other PDF page (app.library.passages.locate_in_pdf_words).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+import pymupdf
+
+from app.docs.document import WordBox, brief
+from app.docs.limits import OCR_DPI, OCR_MAX_SIDE_PX
+
+NOTHING_RECOGNISED = "OCR recognised no text on the page"
+
+PARAGRAPH_GAP = 1.8
+"""Lines further apart than this many median line heights (top to top) start a paragraph."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One run of text the detector found, in page pixels."""
+
+    box: tuple[float, float, float, float]  # x0, y0, x1, y1
+    chars: tuple[tuple[str, float, float], ...]  # (char, x0, x1) per recognised character
+
+
+@dataclass(frozen=True)
+class Recognised:
+    text: str
+    words: tuple[WordBox, ...]
+    note: str = ""  # why the page could not be (fully) recognised, for a person
+    engine: str = ""
+
+
+# ---- Engines ------------------------------------------------------------------
+
+
+class RapidEngine:
+    """RapidOCR without its angle classifier: on clean upright scans it turned whole lines
+    180 degrees and lost them (one line in four on a 14 pt test page); pages scanned upside
+    down or sideways are therefore not read."""
+
+    name = "rapidocr"
+
+    def __init__(self) -> None:
+        # OpenCV's Qt build may point Qt at its own plugins when imported: keep the app's.
+        saved = {k: v for k, v in os.environ.items() if k.startswith("QT_")}
+        try:
+            from rapidocr_onnxruntime import RapidOCR
+        finally:
+            for key in [k for k in os.environ if k.startswith("QT_")]:
+                if key not in saved:
+                    del os.environ[key]
+            os.environ.update(saved)
+        self._ocr = RapidOCR(use_cls=False, print_verbose=False)
+
+    def segments(self, image: np.ndarray) -> list[Segment]:
+        """image: (height, width, 3) uint8 RGB."""
+        result, _ = self._ocr(image, use_cls=False, return_word_box=True)
+        found = []
+        for item in result or []:
+            polygon, text = item[0], item[1]
+            xs, ys = [p[0] for p in polygon], [p[1] for p in polygon]
+            box = (min(xs), min(ys), max(xs), max(ys))
+            chars = _char_boxes(text, box, item[3] if len(item) > 4 else None,
+                                item[4] if len(item) > 4 else None)
+            found.append(Segment(box, chars))
+        return found
+
+
+def _char_boxes(text, box, boxes, chars) -> tuple[tuple[str, float, float], ...]:
+    """Per-character horizontal extents: RapidOCR's own (return_word_box) when they match the
+    text, else the segment's width shared out evenly."""
+    if boxes and chars and len(boxes) == len(chars) and "".join(chars) == text:
+        return tuple((c, min(p[0] for p in b), max(p[0] for p in b)) for c, b in zip(chars, boxes))
+    x0, x1 = box[0], box[2]
+    step = (x1 - x0) / max(1, len(text))
+    return tuple((c, x0 + i * step, x0 + (i + 1) * step) for i, c in enumerate(text))
+
+
+_engine_lock = threading.Lock()
+_engine: RapidEngine | None = None
+_engine_problem = ""
+
+
+def rapid_engine() -> tuple[RapidEngine | None, str]:
+    """The shared RapidOCR engine (its models load once, ~0.5 s), or None and why not."""
+    global _engine, _engine_problem
+    with _engine_lock:
+        if _engine is None and not _engine_problem:
+            try:
+                _engine = RapidEngine()
+            except ImportError:
+                _engine_problem = "OCR is not installed (pip install rapidocr_onnxruntime)"
+            except Exception as error:  # a broken onnxruntime install, missing model file
+                _engine_problem = f"OCR could not start ({type(error).__name__}: {brief(error)})"
+        return _engine, _engine_problem
+
+
+def tesseract_available() -> bool:
+    try:
+        return bool(pymupdf.get_tessdata())
+    except Exception:  # pymupdf raises RuntimeError when it finds no tessdata folder
+        return False
+
+
+# ---- Recognising one page -------------------------------------------------------
+
+
+def recognise_page(page: pymupdf.Page, dpi: int = OCR_DPI) -> Recognised:
+    """The text of `page` read from its image. Never raises: a page that cannot be rendered or
+    recognised comes back empty with a note."""
+    engine, problem = rapid_engine()
+    if engine is None:
+        if tesseract_available():
+            return _tesseract_page(page, dpi)
+        return Recognised("", (), problem)
+    zoom = min(dpi / 72, OCR_MAX_SIDE_PX / max(page.rect.width, page.rect.height, 1))
+    pymupdf.TOOLS.mupdf_warnings(reset=True)
+    try:
+        pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB,
+                                 alpha=False)
+    except Exception as error:
+        return Recognised("", (), f"the page image cannot be rendered ({brief(error)})")
+    damage = _image_damage(pymupdf.TOOLS.mupdf_warnings(reset=True))
+    try:
+        if pixmap.is_unicolor:  # a blank page: nothing to read, nothing wrong; not OCRed
+            return Recognised("", (), damage)
+        image = np.frombuffer(pixmap.samples, dtype=np.uint8).reshape(
+            pixmap.height, pixmap.width, 3)  # (height, width, 3) uint8 RGB, no copy
+        segments = engine.segments(image)
+    except Exception as error:  # onnxruntime or OpenCV refusing this image
+        return Recognised("", (), f"OCR failed on the page image ({type(error).__name__}: "
+                                  f"{brief(error)})", engine.name)
+    finally:
+        del pixmap
+        pymupdf.TOOLS.store_shrink(100)  # drop MuPDF's cached decoded images of this page
+    text, words = layout(segments, 1 / zoom)
+    if not text and not damage:
+        damage = NOTHING_RECOGNISED
+    return Recognised(text, words, damage, engine.name)
+
+
+def _image_damage(warnings: str) -> str:
+    errors = [line for line in warnings.splitlines() if "error" in line.lower()]
+    return f"the page image is damaged (mupdf: {brief('; '.join(errors))})" if errors else ""
+
+
+def _tesseract_page(page: pymupdf.Page, dpi: int) -> Recognised:
+    try:
+        textpage = page.get_textpage_ocr(dpi=dpi, full=True)
+        text = page.get_text("text", textpage=textpage).strip()
+        words = tuple(tuple(w) for w in page.get_text("words", textpage=textpage))
+    except Exception as error:
+        return Recognised("", (), f"Tesseract OCR failed ({brief(error)})", "tesseract")
+    return Recognised(text, words, "" if text else NOTHING_RECOGNISED,
+                      "tesseract")
+
+
+# ---- From segments to page text and word boxes -----------------------------------
+
+
+def layout(segments: list[Segment], scale: float) -> tuple[str, tuple[WordBox, ...]]:
+    """Page text in reading order (top to bottom, left to right within a line) and its words.
+
+    Segments whose vertical middles fall inside one another form a line; a gap between lines
+    over PARAGRAPH_GAP median line heights starts a paragraph (a blank line), as pymupdf's
+    blocks do. `scale` turns pixels into PDF points. Characters are NFKC-folded ("，" -> ",").
+    """
+    lines = _lines(segments)
+    if not lines:
+        return "", ()
+    height = statistics.median(_bottom(line) - _top(line) for line in lines)
+    text_parts: list[str] = []
+    words: list[WordBox] = []
+    block, line_no, previous_top = 0, 0, None
+    for line in lines:
+        top = _top(line)
+        if previous_top is not None:
+            if top - previous_top > PARAGRAPH_GAP * height:
+                block, line_no = block + 1, 0
+                text_parts.append("\n\n")
+            else:
+                line_no += 1
+                text_parts.append("\n")
+        previous_top = top
+        word_no = 0
+        for k, segment in enumerate(line):
+            if k:
+                text_parts.append(" ")
+            for word, x0, x1 in _words(segment):
+                words.append((x0 * scale, segment.box[1] * scale, x1 * scale,
+                              segment.box[3] * scale, word, block, line_no, word_no))
+                word_no += 1
+            text_parts.append(" ".join(w for w, _, _ in _words(segment)))
+    return "".join(text_parts), tuple(words)
+
+
+def _lines(segments: list[Segment]) -> list[list[Segment]]:
+    lines: list[list[Segment]] = []
+    for segment in sorted(segments, key=lambda s: (s.box[1], s.box[0])):
+        middle = (segment.box[1] + segment.box[3]) / 2
+        if lines and _top(lines[-1]) <= middle <= _bottom(lines[-1]):
+            lines[-1].append(segment)
+        else:
+            lines.append([segment])
+    return [sorted(line, key=lambda s: s.box[0]) for line in lines if any(_words(s) for s in line)]
+
+
+def _top(line: list[Segment]) -> float:
+    return min(s.box[1] for s in line)
+
+
+def _bottom(line: list[Segment]) -> float:
+    return max(s.box[3] for s in line)
+
+
+def _words(segment: Segment) -> list[tuple[str, float, float]]:
+    """(word, x0, x1) in pixels for the whitespace-separated words of a segment."""
+    found: list[tuple[str, float, float]] = []
+    current, x0, x1 = "", 0.0, 0.0
+    for char, c0, c1 in segment.chars:
+        folded = unicodedata.normalize("NFKC", char)
+        if not folded.strip():
+            if current:
+                found.append((current, x0, x1))
+            current = ""
+            continue
+        if not current:
+            x0 = c0
+        current, x1 = current + folded.strip(), c1
+    if current:
+        found.append((current, x0, x1))
+    return found
