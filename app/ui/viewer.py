@@ -173,7 +173,8 @@ class DocumentViewer(QWidget):
         self._clear_highlight()
         if self._pdf is not None:
             pdf_page = self._pdf[self.page - 1]
-            words = pdf_page.get_text("words")
+            # A scanned page has no words of its own: use those OCR recognised at ingestion.
+            words = pdf_page.get_text("words") or self.store.page_words(doc_id, self.page)
             hits = locate_in_pdf_words(words, passage) if passage else []
             rects = _line_rects([words[i] for i in hits])
             if not rects and passage:  # fall back to pymupdf's own phrase search on the opening words
