@@ -66,7 +66,11 @@ class RapidEngine:
                 if key not in saved:
                     del os.environ[key]
             os.environ.update(saved)
-        self._ocr = RapidOCR(use_cls=False, print_verbose=False)
+        # det_limit_type "max": detect at the rendered size (up to 2000 px a side) instead of
+        # scaling the image up until its shorter side is 736 px; upscaled detection gave line
+        # crops on which the recogniser ran English words together (a quarter of the words
+        # on a 160 pt high strip of 10 pt text, none of them at the rendered size).
+        self._ocr = RapidOCR(use_cls=False, print_verbose=False, det_limit_type="max")
 
     def segments(self, image: np.ndarray) -> list[Segment]:
         """image: (height, width, 3) uint8 RGB."""
@@ -138,8 +142,10 @@ def recognise_page(page: pymupdf.Page, dpi: int = OCR_DPI) -> Recognised:
         return Recognised("", (), f"the page image cannot be rendered ({brief(error)})")
     damage = _image_damage(pymupdf.TOOLS.mupdf_warnings(reset=True))
     try:
+        if damage:  # what was rendered is MuPDF's padding, not the scan: do not read noise
+            return Recognised("", (), damage, engine.name)
         if pixmap.is_unicolor:  # a blank page: nothing to read, nothing wrong; not OCRed
-            return Recognised("", (), damage)
+            return Recognised("", ())
         image = np.frombuffer(pixmap.samples, dtype=np.uint8).reshape(
             pixmap.height, pixmap.width, 3)  # (height, width, 3) uint8 RGB, no copy
         segments = engine.segments(image)
@@ -150,9 +156,7 @@ def recognise_page(page: pymupdf.Page, dpi: int = OCR_DPI) -> Recognised:
         del pixmap
         pymupdf.TOOLS.store_shrink(100)  # drop MuPDF's cached decoded images of this page
     text, words = layout(segments, 1 / zoom)
-    if not text and not damage:
-        damage = NOTHING_RECOGNISED
-    return Recognised(text, words, damage, engine.name)
+    return Recognised(text, words, "" if text else NOTHING_RECOGNISED, engine.name)
 
 
 def _image_damage(warnings: str) -> str:

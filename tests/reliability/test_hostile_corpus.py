@@ -212,10 +212,10 @@ def test_a_file_that_disappears_between_hashing_and_reading(cli, tmp_path, monke
     make_text(folder / "b.txt", "Goes away.\n")
     real_read = docs.read
 
-    def read_after_deletion(path):
+    def read_after_deletion(path, *args):
         if Path(path).name == "b.txt":
             Path(path).unlink()
-        return real_read(path)
+        return real_read(path, *args)
 
     monkeypatch.setattr(app.library.ingest.docs, "read", read_after_deletion)
     rc, out, _ = cli("ingest", str(folder))
