@@ -13,9 +13,7 @@ any other PDF page (app.library.passages.locate_in_pdf_words).
 from __future__ import annotations
 
 import os
-import statistics
 import threading
-import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,19 +21,10 @@ import pymupdf
 
 from app.docs.document import WordBox, brief
 from app.docs.limits import OCR_DPI, OCR_MAX_SIDE_PX
+from app.docs.ocr_layout import Segment, layout, split_at_gaps
 
 NOTHING_RECOGNISED = "OCR recognised no text on the page"
 
-PARAGRAPH_GAP = 1.8
-"""Lines further apart than this many median line heights (top to top) start a paragraph."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One run of text the detector found, in page pixels."""
-
-    box: tuple[float, float, float, float]  # x0, y0, x1, y1
-    chars: tuple[tuple[str, float, float], ...]  # (char, x0, x1) per recognised character
 
 
 @dataclass(frozen=True)
@@ -148,7 +137,7 @@ def recognise_page(page: pymupdf.Page, dpi: int = OCR_DPI) -> Recognised:
             return Recognised("", ())
         image = np.frombuffer(pixmap.samples, dtype=np.uint8).reshape(
             pixmap.height, pixmap.width, 3)  # (height, width, 3) uint8 RGB, no copy
-        segments = engine.segments(image)
+        segments = split_at_gaps(engine.segments(image), image)
     except Exception as error:  # onnxruntime or OpenCV refusing this image
         return Recognised("", (), f"OCR failed on the page image ({type(error).__name__}: "
                                   f"{brief(error)})", engine.name)
@@ -173,80 +162,3 @@ def _tesseract_page(page: pymupdf.Page, dpi: int) -> Recognised:
         return Recognised("", (), f"Tesseract OCR failed ({brief(error)})", "tesseract")
     return Recognised(text, words, "" if text else NOTHING_RECOGNISED,
                       "tesseract")
-
-
-# ---- From segments to page text and word boxes -----------------------------------
-
-
-def layout(segments: list[Segment], scale: float) -> tuple[str, tuple[WordBox, ...]]:
-    """Page text in reading order (top to bottom, left to right within a line) and its words.
-
-    Segments whose vertical middles fall inside one another form a line; a gap between lines
-    over PARAGRAPH_GAP median line heights starts a paragraph (a blank line), as pymupdf's
-    blocks do. `scale` turns pixels into PDF points. Characters are NFKC-folded ("，" -> ",").
-    """
-    lines = _lines(segments)
-    if not lines:
-        return "", ()
-    height = statistics.median(_bottom(line) - _top(line) for line in lines)
-    text_parts: list[str] = []
-    words: list[WordBox] = []
-    block, line_no, previous_top = 0, 0, None
-    for line in lines:
-        top = _top(line)
-        if previous_top is not None:
-            if top - previous_top > PARAGRAPH_GAP * height:
-                block, line_no = block + 1, 0
-                text_parts.append("\n\n")
-            else:
-                line_no += 1
-                text_parts.append("\n")
-        previous_top = top
-        word_no = 0
-        for k, segment in enumerate(line):
-            if k:
-                text_parts.append(" ")
-            for word, x0, x1 in _words(segment):
-                words.append((x0 * scale, segment.box[1] * scale, x1 * scale,
-                              segment.box[3] * scale, word, block, line_no, word_no))
-                word_no += 1
-            text_parts.append(" ".join(w for w, _, _ in _words(segment)))
-    return "".join(text_parts), tuple(words)
-
-
-def _lines(segments: list[Segment]) -> list[list[Segment]]:
-    lines: list[list[Segment]] = []
-    for segment in sorted(segments, key=lambda s: (s.box[1], s.box[0])):
-        middle = (segment.box[1] + segment.box[3]) / 2
-        if lines and _top(lines[-1]) <= middle <= _bottom(lines[-1]):
-            lines[-1].append(segment)
-        else:
-            lines.append([segment])
-    return [sorted(line, key=lambda s: s.box[0]) for line in lines if any(_words(s) for s in line)]
-
-
-def _top(line: list[Segment]) -> float:
-    return min(s.box[1] for s in line)
-
-
-def _bottom(line: list[Segment]) -> float:
-    return max(s.box[3] for s in line)
-
-
-def _words(segment: Segment) -> list[tuple[str, float, float]]:
-    """(word, x0, x1) in pixels for the whitespace-separated words of a segment."""
-    found: list[tuple[str, float, float]] = []
-    current, x0, x1 = "", 0.0, 0.0
-    for char, c0, c1 in segment.chars:
-        folded = unicodedata.normalize("NFKC", char)
-        if not folded.strip():
-            if current:
-                found.append((current, x0, x1))
-            current = ""
-            continue
-        if not current:
-            x0 = c0
-        current, x1 = current + folded.strip(), c1
-    if current:
-        found.append((current, x0, x1))
-    return found

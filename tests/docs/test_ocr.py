@@ -3,11 +3,13 @@ text-layer pages never OCRed, damaged images and missing engines noted per page.
 
 from __future__ import annotations
 
+import numpy as np
 import pymupdf
 import pytest
 
 from app.docs import ReadCancelled, ReadWatch, read
 from app.docs import ocr
+from app.docs.ocr_layout import Segment, layout, split_at_gaps
 from app.docs.limits import OCR_DPI, OCR_MAX_SIDE_PX
 from app.library.passages import locate_in_pdf_words, norm
 from tests.docs.make_samples import make_damaged_image_pdf, make_image_only_pdf, make_pdf
@@ -46,10 +48,9 @@ def test_scanned_pages_are_ocred_and_their_phrases_found_on_the_right_pages(scan
                            (3, "the granary and its seven towers"), (3, "The miller paid in barley")]:
         found = [p.number for p in document.pages if squeezed(phrase) in squeezed(p.text)]
         assert found == [number], (phrase, [p.text for p in document.pages])
-    # one line of the page image is one line of text, in reading order
-    assert [squeezed(line) for line in document.pages[2].text.splitlines()] == [
-        squeezed("Page three tells of the granary and its seven towers."),
-        squeezed("The miller paid in barley.")]
+    # one line of the page image is one line of text, in reading order, words spaced
+    assert document.pages[2].text.splitlines() == [
+        "Page three tells of the granary and its seven towers.", "The miller paid in barley."]
     # the page offsets of the document still index its joined text
     page = document.pages[2]
     assert document.text[page.start: page.start + len(page.text)] == page.text
@@ -113,7 +114,7 @@ class FakeEngine:
 
     def segments(self, image):
         self.shapes.append(image.shape)
-        return [ocr.Segment((10, 10, 50, 30), tuple((c, 10 + 10 * i, 20 + 10 * i)
+        return [Segment((10, 10, 50, 30), tuple((c, 10 + 10 * i, 20 + 10 * i)
                                                     for i, c in enumerate("word")))]
 
 
@@ -146,13 +147,13 @@ def test_cancel_stops_between_pages(tmp_path, monkeypatch):
 
 def test_layout_orders_lines_and_numbers_words_like_pymupdf():
     def segment(x0, y0, text):
-        return ocr.Segment((x0, y0, x0 + 10 * len(text), y0 + 20),
+        return Segment((x0, y0, x0 + 10 * len(text), y0 + 20),
                            tuple((c, x0 + 10 * i, x0 + 10 * i + 8) for i, c in enumerate(text)))
 
     # Given out of order: a line in two segments, a second line, then a paragraph further down.
     segments = [segment(300, 102, "right half"), segment(0, 300, "New paragraph"),
                 segment(0, 100, "Left，half"), segment(0, 125, "next line")]
-    text, boxes = ocr.layout(segments, scale=0.5)
+    text, boxes = layout(segments, scale=0.5)
     assert text == "Left,half right half\nnext line\n\nNew paragraph"
     assert boxes == (
         (0.0, 50.0, 44.0, 60.0, "Left,half", 0, 0, 0),
@@ -163,3 +164,32 @@ def test_layout_orders_lines_and_numbers_words_like_pymupdf():
         (0.0, 150.0, 14.0, 160.0, "New", 1, 0, 0),
         (20.0, 150.0, 64.0, 160.0, "paragraph", 1, 0, 1),
     )
+
+
+def strip_image(letters: str, gaps: list[int], height: int = 30) -> tuple:
+    """A white strip with a black 8 px bar per character, separated by `gaps` pixels, and the
+    segment a recogniser that dropped every space would return for it."""
+    width = 10 + 8 * len(letters) + sum(gaps) + 10
+    image = np.full((height + 20, width, 3), 255, dtype=np.uint8)  # (height, width, 3) uint8
+    x, chars = 10, []
+    for i, letter in enumerate(letters):
+        image[15:15 + height - 10, x:x + 8] = 0
+        chars.append((letter, x, x + 8))
+        x += 8 + (gaps[i] if i < len(gaps) else 0)
+    return image, Segment((5, 10, x + 5, 10 + height), tuple(chars))
+
+
+def test_word_gaps_in_the_image_put_back_the_spaces_the_recogniser_dropped():
+    # letter gaps of 1-2 px, word gaps of 8 px (a line 30 px high), a digit pair far apart
+    image, segment = strip_image("Boatspayafee12", [1, 2, 1, 1, 8, 1, 2, 8, 2, 1, 2, 8, 8])
+    [fixed] = split_at_gaps([segment], image)
+    assert "".join(c for c, _, _ in fixed.chars) == "Boats pay afee 12"  # "a fee": a 2 px gap
+    assert layout([fixed], 1.0)[0] == "Boats pay afee 12"
+    # the added space spans the gap between the letters it separates
+    assert [(c0, c1) for c, c0, c1 in fixed.chars if c == " "] == [(55, 63), (90, 98), (135, 143)]
+
+
+def test_gaps_of_one_width_are_left_alone():
+    """Monospaced letters: every gap the same, no word gaps to tell apart."""
+    image, segment = strip_image("abcdefghijkl", [4] * 11)
+    assert split_at_gaps([segment], image) == [segment]

@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 
 from app.docs import ocr
+from app.docs.ocr_layout import Segment, layout
 from app.library.ingest import ingest
 from app.library.passages import locate_in_pdf_words
 from app.store import Store
@@ -60,7 +61,7 @@ class OneWordEngine:
 
     def segments(self, image):
         self.pages += 1
-        return [ocr.Segment((10, 10, 50, 30), (("o", 10, 20), ("k", 20, 30)))]
+        return [Segment((10, 10, 50, 30), (("o", 10, 20), ("k", 20, 30)))]
 
 
 def test_cancel_during_ocr_stops_before_the_next_page_and_stores_nothing_of_the_file(
