@@ -115,6 +115,7 @@ def test_a_citation_on_a_scanned_page_highlights_the_recognised_words(qtbot, win
     v = window.viewer
     assert v.show_citation(letter, 1, "the bridge tolls must fall by half this spring.")
     assert v.is_pdf() and v._pdf[0].get_text("words") == []  # the page has no words of its own
+    assert v.note.text() == "This page is a scan: its text was recognised by OCR."
     # one marker stroke, over the second line where the original text PDF has it (within 3 pt)
     with pymupdf.open(make_pdf(tmp_path / "original.pdf", [LETTER])) as original:
         drawn = [w for w in original[0].get_text("words") if w[6] == 1]
