@@ -3,6 +3,10 @@ text-layer pages never OCRed, damaged images and missing engines noted per page.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pymupdf
 import pytest
@@ -193,3 +197,25 @@ def test_gaps_of_one_width_are_left_alone():
     """Monospaced letters: every gap the same, no word gaps to tell apart."""
     image, segment = strip_image("abcdefghijkl", [4] * 11)
     assert split_at_gaps([segment], image) == [segment]
+
+
+def test_starting_the_engine_leaves_qt_settings_alone():
+    """OpenCV, which RapidOCR imports, points QT_QPA_PLATFORM_PLUGIN_PATH at its own Qt build;
+    the app's Qt must keep finding its own plugins. A fresh process, so OpenCV really loads."""
+    code = ("import os; before = {k: v for k, v in os.environ.items() if k.startswith('QT_')}; "
+            "from app.docs.ocr import RapidEngine; RapidEngine(); import cv2; "
+            "after = {k: v for k, v in os.environ.items() if k.startswith('QT_')}; "
+            "print(before == after, sorted(after))")
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    env.pop("QT_QPA_PLATFORM_PLUGIN_PATH", None)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=False)
+    assert run.stdout.strip() == "True ['QT_QPA_PLATFORM']", run.stderr
+
+
+@pytest.mark.skipif(not ocr.tesseract_available(), reason="Tesseract is not installed here")
+def test_tesseract_reads_a_scan_when_rapidocr_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(ocr, "rapid_engine", lambda: (None, "OCR is not installed"))
+    document = read(make_image_only_pdf(tmp_path / "scan.pdf", [PAGES[1]], height=160))
+    assert document.ocr_pages == [1] and document.pages[0].words
+    assert squeezed("kept a dog named Argos") in squeezed(document.pages[0].text)
