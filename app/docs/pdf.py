@@ -9,7 +9,14 @@ from pathlib import Path
 import pymupdf
 
 from app.docs import ocr
-from app.docs.document import NO_WATCH, Extracted, PageExtra, ReadCancelled, ReadWatch, Refused
+from app.docs.document import (
+    NO_WATCH,
+    Extracted,
+    PageExtra,
+    ReadCancelled,
+    ReadWatch,
+    Refused,
+)
 from app.docs.limits import MAX_TEXT_BYTES, OCR_MIN_TEXT_CHARS
 from app.docs.tables import pdf_text_with_tables
 from app.docs.text import clean_title, normalise

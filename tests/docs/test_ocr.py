@@ -11,12 +11,15 @@ import numpy as np
 import pymupdf
 import pytest
 
-from app.docs import ReadCancelled, ReadWatch, read
-from app.docs import ocr
-from app.docs.ocr_layout import Segment, layout, split_at_gaps
+from app.docs import ReadCancelled, ReadWatch, ocr, read
 from app.docs.limits import OCR_DPI, OCR_MAX_SIDE_PX
+from app.docs.ocr_layout import Segment, layout, split_at_gaps
 from app.library.passages import locate_in_pdf_words, norm
-from tests.docs.make_samples import make_damaged_image_pdf, make_image_only_pdf, make_pdf
+from tests.docs.make_samples import (
+    make_damaged_image_pdf,
+    make_image_only_pdf,
+    make_pdf,
+)
 
 # Phrases in plain 10 pt Helvetica, one distinctive set per page.
 PAGES = [

@@ -7,12 +7,16 @@ import sqlite3
 import pytest
 
 from app.docs import ocr
-from app.docs.ocr_layout import Segment, layout
+from app.docs.ocr_layout import Segment
 from app.library.ingest import ingest
 from app.library.passages import locate_in_pdf_words
 from app.store import Store
-from app.store.migrations import MIGRATIONS, current_version, SCHEMA_VERSION
-from tests.docs.make_samples import make_damaged_image_pdf, make_image_only_pdf, make_text
+from app.store.migrations import MIGRATIONS, SCHEMA_VERSION, current_version
+from tests.docs.make_samples import (
+    make_damaged_image_pdf,
+    make_image_only_pdf,
+    make_text,
+)
 
 
 def count(text: str) -> int:
@@ -35,7 +39,7 @@ def test_a_scan_is_ingested_with_its_ocr_pages_words_and_progress(tmp_path, stor
 
     [done] = report.events  # page progress is not in the report
     assert done.status == "ingested" and done.pages == 2 and done.ocr_pages == 1
-    assert done.line().endswith("(2 pages, 1 OCRed, %d tokens)" % done.tokens)
+    assert done.line().endswith(f"(2 pages, 1 OCRed, {done.tokens} tokens)")
     reading = [(e.index, e.total, e.status, e.reason) for e in events if e.status == "reading"]
     assert reading == [(0, 1, "reading", "OCR page 2 of 2")]
     assert events[-1] is done
