@@ -132,7 +132,8 @@ class ReadWatch:
     """Per-page progress and cancel for readers that do long work per page (OCR)."""
 
     progress: Callable[[int, int, str], None] = lambda done, total, what: None
-    """(pages done, pages in the file, what is being done) after each page that took work."""
+    """(pages before this one, pages in the file, what is being done) as each page of long
+    work begins."""
     cancel: Callable[[], bool] = lambda: False
     """Asked before each page of long work; True stops reading with ReadCancelled."""
 

@@ -72,8 +72,10 @@ def layout(segments: list[Segment], scale: float) -> tuple[str, tuple[WordBox, .
             if k:
                 text_parts.append(" ")
             for word, x0, x1 in _words(segment):
-                words.append((x0 * scale, segment.box[1] * scale, x1 * scale,
-                              segment.box[3] * scale, word, block, line_no, word_no))
+                # A hundredth of a point is finer than any highlight; it keeps the JSON short.
+                words.append((round(x0 * scale, 2), round(segment.box[1] * scale, 2),
+                              round(x1 * scale, 2), round(segment.box[3] * scale, 2),
+                              word, block, line_no, word_no))
                 word_no += 1
             text_parts.append(" ".join(w for w, _, _ in _words(segment)))
     return "".join(text_parts), tuple(words)

@@ -53,9 +53,10 @@ def read_pdf(path: Path, size: int, watch: ReadWatch = NO_WATCH) -> Extracted:
             if _has_no_text_layer(text):
                 if watch.cancel():
                     raise ReadCancelled(f"{path}: cancelled before page {index + 1}")
-                recognised = ocr.recognise_page(document[index])
-                watch.progress(index + 1, document.page_count,
+                # Said before the page, so a person sees the page being read, not the last one.
+                watch.progress(index, document.page_count,
                                f"OCR page {index + 1} of {document.page_count}")
+                recognised = ocr.recognise_page(document[index])
                 if recognised.engine:  # OCR ran: the page's text is what it read, if anything
                     text = normalise(recognised.text).strip() or text
                     extras[index] = PageExtra("ocr", recognised.note, recognised.words)

@@ -62,7 +62,7 @@ def test_scanned_pages_are_ocred_and_their_phrases_found_on_the_right_pages(scan
     page = document.pages[2]
     assert document.text[page.start: page.start + len(page.text)] == page.text
     # per-page progress, only for the pages that were OCRed
-    assert progress == [(2, 3, "OCR page 2 of 3"), (3, 3, "OCR page 3 of 3")]
+    assert progress == [(1, 3, "OCR page 2 of 3"), (2, 3, "OCR page 3 of 3")]
 
 
 def test_recognised_words_have_the_boxes_of_the_words_on_the_page(scan):
@@ -149,7 +149,7 @@ def test_cancel_stops_between_pages(tmp_path, monkeypatch):
     watch = ReadWatch(progress=lambda *event: done.append(event), cancel=lambda: len(done) >= 1)
     with pytest.raises(ReadCancelled):
         read(path, watch)
-    assert len(engine.shapes) == 1 and done == [(1, 3, "OCR page 1 of 3")]
+    assert len(engine.shapes) == 1 and done == [(0, 3, "OCR page 1 of 3")]
 
 
 def test_layout_orders_lines_and_numbers_words_like_pymupdf():
