@@ -32,7 +32,7 @@ class Recognised:
     text: str
     words: tuple[WordBox, ...]
     note: str = ""  # why the page could not be (fully) recognised, for a person
-    engine: str = ""
+    ocred: bool = False  # OCR was tried on the page (not for a blank page or without an engine)
 
 
 # ---- Engines ------------------------------------------------------------------
@@ -42,8 +42,6 @@ class RapidEngine:
     """RapidOCR without its angle classifier: on clean upright scans it turned whole lines
     180 degrees and lost them (one line in four on a 14 pt test page); pages scanned upside
     down or sideways are therefore not read."""
-
-    name = "rapidocr"
 
     def __init__(self) -> None:
         # OpenCV's Qt build may point Qt at its own plugins when imported: keep the app's.
@@ -116,36 +114,37 @@ def tesseract_available() -> bool:
 
 def recognise_page(page: pymupdf.Page, dpi: int = OCR_DPI) -> Recognised:
     """The text of `page` read from its image. Never raises: a page that cannot be rendered or
-    recognised comes back empty with a note."""
-    engine, problem = rapid_engine()
-    if engine is None:
-        if tesseract_available():
-            return _tesseract_page(page, dpi)
-        return Recognised("", (), problem)
+    recognised comes back empty with a note. The page is rendered before the engine is asked
+    for, so a blank or damaged page never loads the models (~370 MB)."""
     zoom = min(dpi / 72, OCR_MAX_SIDE_PX / max(page.rect.width, page.rect.height, 1))
     pymupdf.TOOLS.mupdf_warnings(reset=True)
     try:
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), colorspace=pymupdf.csRGB,
                                  alpha=False)
-    except Exception as error:
-        return Recognised("", (), f"the page image cannot be rendered ({brief(error)})")
+    except Exception as error:  # MuPDF raises RuntimeError and friends for a broken page
+        return Recognised("", (), f"the page image cannot be rendered ({brief(error)})", True)
     damage = _image_damage(pymupdf.TOOLS.mupdf_warnings(reset=True))
     try:
         if damage:  # what was rendered is MuPDF's padding, not the scan: do not read noise
-            return Recognised("", (), damage, engine.name)
+            return Recognised("", (), damage, True)
         if pixmap.is_unicolor:  # a blank page: nothing to read, nothing wrong; not OCRed
             return Recognised("", ())
+        engine, problem = rapid_engine()
+        if engine is None:
+            if tesseract_available():
+                return _tesseract_page(page, dpi)
+            return Recognised("", (), problem)
         image = np.frombuffer(pixmap.samples, dtype=np.uint8).reshape(
             pixmap.height, pixmap.width, 3)  # (height, width, 3) uint8 RGB, no copy
         segments = split_at_gaps(engine.segments(image), image)
     except Exception as error:  # onnxruntime or OpenCV refusing this image
         return Recognised("", (), f"OCR failed on the page image ({type(error).__name__}: "
-                                  f"{brief(error)})", engine.name)
+                                  f"{brief(error)})", True)
     finally:
         del pixmap
         pymupdf.TOOLS.store_shrink(100)  # drop MuPDF's cached decoded images of this page
     text, words = layout(segments, 1 / zoom)
-    return Recognised(text, words, "" if text else NOTHING_RECOGNISED, engine.name)
+    return Recognised(text, words, "" if text else NOTHING_RECOGNISED, True)
 
 
 def _image_damage(warnings: str) -> str:
@@ -159,6 +158,5 @@ def _tesseract_page(page: pymupdf.Page, dpi: int) -> Recognised:
         text = page.get_text("text", textpage=textpage).strip()
         words = tuple(tuple(w) for w in page.get_text("words", textpage=textpage))
     except Exception as error:
-        return Recognised("", (), f"Tesseract OCR failed ({brief(error)})", "tesseract")
-    return Recognised(text, words, "" if text else NOTHING_RECOGNISED,
-                      "tesseract")
+        return Recognised("", (), f"Tesseract OCR failed ({brief(error)})", True)
+    return Recognised(text, words, "" if text else NOTHING_RECOGNISED, True)

@@ -57,7 +57,7 @@ def read_pdf(path: Path, size: int, watch: ReadWatch = NO_WATCH) -> Extracted:
                 watch.progress(index, document.page_count,
                                f"OCR page {index + 1} of {document.page_count}")
                 recognised = ocr.recognise_page(document[index])
-                if recognised.engine:  # OCR ran: the page's text is what it read, if anything
+                if recognised.ocred:  # the page's text is what OCR read, if anything
                     text = normalise(recognised.text).strip() or text
                     extras[index] = PageExtra("ocr", recognised.note, recognised.words)
                 elif recognised.note:

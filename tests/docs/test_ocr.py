@@ -114,8 +114,6 @@ def test_without_an_ocr_engine_a_scan_is_refused_with_the_reason(tmp_path, monke
 class FakeEngine:
     """Records the images it is given and 'recognises' one word per page."""
 
-    name = "fake"
-
     def __init__(self):
         self.shapes = []
 

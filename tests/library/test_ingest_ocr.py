@@ -58,8 +58,6 @@ def test_a_scan_is_ingested_with_its_ocr_pages_words_and_progress(tmp_path, stor
 
 
 class OneWordEngine:
-    name = "fake"
-
     def __init__(self):
         self.pages = 0
 
