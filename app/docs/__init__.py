@@ -1,10 +1,20 @@
 """Documents: files -> Document (pages of text with char offsets, and metadata).
 
-Formats: PDF, EPUB, TXT, MD, HTML, DOCX. Pages are the unit of citation. Imports no Qt, store
+Formats: PDF, EPUB, TXT, MD, HTML, DOCX. Pages are the unit of citation. PDF pages without a
+text layer are OCRed (app.docs.ocr); tables become Markdown rows (app.docs.tables). Imports no Qt, store
 or engine. pymupdf is not thread-safe: read documents from one worker thread at a time.
 """
 
-from app.docs.document import PAGE_SEPARATOR, Document, DocumentError, Page
+from app.docs.document import (
+    NO_WATCH,
+    PAGE_SEPARATOR,
+    Document,
+    DocumentError,
+    Page,
+    PageExtra,
+    ReadCancelled,
+    ReadWatch,
+)
 from app.docs.limits import PAGE_CHARS
 from app.docs.reader import SUPPORTED_SUFFIXES, read
 from app.docs.text import decode_text
@@ -13,9 +23,13 @@ __all__ = [
     "PAGE_CHARS",
     "PAGE_SEPARATOR",
     "SUPPORTED_SUFFIXES",
+    "NO_WATCH",
     "Document",
     "DocumentError",
     "Page",
+    "PageExtra",
+    "ReadCancelled",
+    "ReadWatch",
     "decode_text",
     "read",
 ]

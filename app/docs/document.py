@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 
 PAGE_SEPARATOR = "\n\n"
+
+WordBox = tuple[float, float, float, float, str, int, int, int]
+"""A word on a page as pymupdf's page.get_text("words") gives it: (x0, y0, x1, y1, word,
+block, line, word_no), in PDF points from the page's top left. OCR produces the same shape,
+so the viewer highlights a recognised word exactly as it highlights a PDF's own."""
+
+
+@dataclass(frozen=True)
+class PageExtra:
+    """How a page was read, when it was not simply from the file's own text."""
+
+    source: str = "text"  # "text": the file's own text; "ocr": recognised from the page image
+    note: str = ""  # for a person: why the page is empty, or what OCR could not do
+    words: tuple[WordBox, ...] = ()  # OCR pages only: the recognised words and their boxes
+
+
+PLAIN = PageExtra()
 
 
 @dataclass(frozen=True)
@@ -15,6 +32,9 @@ class Page:
     number: int  # 1-based, the number a citation shows
     text: str
     start: int  # char offset of this page in Document.text
+    source: str = "text"  # PageExtra.source
+    note: str = ""
+    words: tuple[WordBox, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,12 +59,16 @@ class Document:
 
     @classmethod
     def from_page_texts(
-        cls, path: str, format: str, title: str, author: str, texts: Sequence[str]
+        cls, path: str, format: str, title: str, author: str, texts: Sequence[str],
+        extras: Mapping[int, PageExtra] | None = None,
     ) -> Document:
-        """Number the pages and compute their offsets in the joined text."""
+        """Number the pages and compute their offsets in the joined text; `extras` is keyed
+        by the 0-based index of a page in `texts`."""
         pages, start = [], 0
         for number, text in enumerate(texts, start=1):
-            pages.append(Page(number=number, text=text, start=start))
+            extra = (extras or {}).get(number - 1, PLAIN)
+            pages.append(Page(number=number, text=text, start=start, source=extra.source,
+                              note=extra.note, words=extra.words))
             start += len(text) + len(PAGE_SEPARATOR)
         return cls(path=path, format=format, title=title, author=author, pages=tuple(pages))
 
@@ -57,6 +81,11 @@ class Document:
     @property
     def page_count(self) -> int:
         return len(self.pages)
+
+    @property
+    def ocr_pages(self) -> list[int]:
+        """Numbers of the pages whose text was recognised from their image."""
+        return [page.number for page in self.pages if page.source == "ocr"]
 
     @cached_property
     def _starts(self) -> list[int]:
@@ -94,6 +123,24 @@ def brief(error: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+class ReadCancelled(Exception):
+    """Reading stopped because the caller's `cancel` said so (between two pages)."""
+
+
+@dataclass(frozen=True)
+class ReadWatch:
+    """Per-page progress and cancel for readers that do long work per page (OCR)."""
+
+    progress: Callable[[int, int, str], None] = lambda done, total, what: None
+    """(pages before this one, pages in the file, what is being done) as each page of long
+    work begins."""
+    cancel: Callable[[], bool] = lambda: False
+    """Asked before each page of long work; True stops reading with ReadCancelled."""
+
+
+NO_WATCH = ReadWatch()
+
+
 class Refused(Exception):
     """Raised inside a reader with only the reason; `read` adds the path as the caller gave it."""
 
@@ -107,6 +154,7 @@ class Extracted:
     """What a format reader found, before `read` settles the title and builds the Document."""
 
     pages: list[str]
+    extras: dict[int, PageExtra] = field(default_factory=dict)  # by 0-based page index
     title: str = ""  # from the file's metadata
     heading: str = ""  # first heading, when the format marks headings
     author: str = ""

@@ -33,3 +33,22 @@ ZIP_RATIO_MIN_BYTES = 2**20
 BINARY_CONTROL_SHARE = 0.01
 """A text file whose decoded characters are more than this share control characters is binary
 data (or UTF-16 without a byte-order mark), not text."""
+
+# ---- OCR and tables (app/docs/ocr.py, app/docs/tables.py)
+OCR_DPI = 150
+"""Scanned pages are rendered at this resolution, one page at a time, for OCR. On pages of
+9-14 pt text RapidOCR's PP-OCRv4 models read every word at 150 dpi and ran words together
+more often at 200 dpi (measured on pymupdf-rendered Helvetica, Times and Courier), and an
+A4 page is 1240 x 1754 pixels, 6.5 MB of RGB."""
+
+OCR_MAX_SIDE_PX = 4000
+"""A page whose longer side would render larger than this (a poster, a map) is rendered
+smaller, so one page's image stays under 48 MB whatever the page size."""
+
+OCR_MIN_TEXT_CHARS = 8
+"""A PDF page with fewer non-space characters in its text layer than this has no real text
+layer (a scan with at most a stamped page number): it is OCRed. Pages with more are never."""
+
+TABLE_MIN_RULES = 4
+"""pymupdf's table finder costs 0.3-0.7 s a page, so it runs only on pages whose drawings
+hold at least this many lines or rectangles: a ruled table has at least that many."""

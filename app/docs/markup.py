@@ -11,6 +11,7 @@ from lxml import etree
 
 from app.docs.document import Extracted, Refused
 from app.docs.limits import MAX_TEXT_BYTES
+from app.docs.tables import table_text
 from app.docs.text import (
     clean_title,
     decode_text,
@@ -52,16 +53,18 @@ def decode_markup(data: bytes) -> str:
 
 # Private-use characters mark structure in the flat list of strings built by the walk; any
 # already in the document are removed first so they cannot fake structure.
-_PARAGRAPH, _LINE, _CELL, _PAGE = "\ue000", "\ue001", "\ue002", "\ue003"
-_MARKERS = {ord(marker): None for marker in (_PARAGRAPH, _LINE, _CELL, _PAGE)}
+_PARAGRAPH, _LINE, _CELL, _PAGE, _ROW = "\ue000", "\ue001", "\ue002", "\ue003", "\ue004"
+_MARKERS = {ord(marker): None for marker in (_PARAGRAPH, _LINE, _CELL, _PAGE, _ROW)}
 
 _DROPPED = {"script", "style", "nav", "noscript", "template", "head", "svg", "iframe", "object"}
 _BLOCKS = {
     "address", "article", "aside", "blockquote", "body", "caption", "dd", "details", "dialog",
     "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer", "form", "h1", "h2", "h3",
     "h4", "h5", "h6", "header", "hr", "li", "main", "ol", "p", "pre", "section", "summary",
-    "table", "tbody", "tfoot", "thead", "tr", "ul",
+    "table", "ul",
 }
+# Rows and row groups are not paragraphs: a table's rows stay together, one line each.
+_CELLS = {"td", "th"}
 # Word and LibreOffice write their page breaks into HTML exports this way.
 _PAGE_BREAK_STYLE = re.compile(
     r"(?:page-)?break-(before|after)\s*:\s*(?:always|page)", re.IGNORECASE
@@ -105,7 +108,7 @@ def html_author(root: lxml.html.HtmlElement) -> str:
 
 def html_body_text(root: lxml.html.HtmlElement) -> str:
     """Readable text: headings, paragraphs and list items as paragraphs separated by a blank
-    line, table rows as `cell | cell`, <pre> kept as written, CSS page breaks as form feeds.
+    line, table rows as `| cell | cell |` lines (app.docs.tables), <pre> kept as written, CSS page breaks as form feeds.
 
     One iterative walk (etree.iterwalk), so deeply nested markup cannot overflow the stack.
     """
@@ -114,6 +117,7 @@ def html_body_text(root: lxml.html.HtmlElement) -> str:
         body = root  # a frameset page, or a fragment
     out: list[str] = []
     in_pre = 0  # depth of <pre> elements around the current one
+    in_cell = 0  # depth of table cells around it: inside one, blocks and breaks are spaces
 
     def add(text: str | None) -> None:
         if text:
@@ -130,12 +134,17 @@ def html_body_text(root: lxml.html.HtmlElement) -> str:
             if tag in _DROPPED:
                 walker.skip_subtree()  # its "end" still comes, and brings its tail
                 continue
-            if any(side.lower() == "before" for side in breaks):
-                out.append(_PAGE)
-            if tag in _BLOCKS:
-                out.append(_PARAGRAPH)
-            elif tag == "br":
-                out.append(_LINE)
+            if in_cell and (tag in _BLOCKS or tag in ("br", "tr") or breaks):
+                out.append(" ")
+            else:
+                if any(side.lower() == "before" for side in breaks):
+                    out.append(_PAGE)
+                if tag in _BLOCKS:
+                    out.append(_PARAGRAPH)
+                elif tag == "br":
+                    out.append(_LINE)
+            if tag in _CELLS:
+                in_cell += 1
             if tag == "pre":
                 in_pre += 1
             add(element.text)
@@ -143,12 +152,19 @@ def html_body_text(root: lxml.html.HtmlElement) -> str:
             if tag not in _DROPPED:
                 if tag == "pre":
                     in_pre -= 1
-                if tag in ("td", "th"):
+                if tag in _CELLS:
+                    in_cell -= 1
+                if in_cell:
+                    out.append(" ")  # the end of a block, row or cell inside a cell
+                elif tag in _CELLS:
                     out.append(_CELL)
-                if tag in _BLOCKS:
-                    out.append(_PARAGRAPH)
-                if any(side.lower() == "after" for side in breaks):
-                    out.append(_PAGE)
+                elif tag == "tr":
+                    out.append(_ROW)
+                else:
+                    if tag in _BLOCKS:
+                        out.append(_PARAGRAPH)
+                    if any(side.lower() == "after" for side in breaks):
+                        out.append(_PAGE)
             if element is not body:
                 add(element.tail)
     return _join_marked("".join(out))
@@ -159,12 +175,18 @@ def _join_marked(raw: str) -> str:
     paragraphs = []
     for chunk in raw.split(_PARAGRAPH):
         chunk = _AROUND_LINE.sub("\n", chunk)
-        if _CELL in chunk:
-            chunk = " | ".join(cell.strip() for cell in chunk.split(_CELL) if cell.strip())
+        if _CELL in chunk or _ROW in chunk:
+            chunk = table_text(_row_cells(row) for row in chunk.split(_ROW))
         chunk = chunk.strip(" \n")
         if chunk:
             paragraphs.append(chunk)
     return normalise("\n\n".join(paragraphs))
+
+
+def _row_cells(row: str) -> list[str]:
+    """The cells of one row: the text before each cell marker, and any text after the last."""
+    *cells, rest = row.split(_CELL)
+    return [*cells, rest] if rest.strip() else cells
 
 
 # ---- HTML reader

@@ -1,5 +1,6 @@
 """PDF reader: one page of text per PDF page, so citations match the page numbers a reader
-sees in their viewer."""
+sees in their viewer. Ruled tables become Markdown rows (app.docs.tables); a page without a
+text layer is OCRed (app.docs.ocr), one page at a time, with progress and cancel."""
 
 from __future__ import annotations
 
@@ -7,8 +8,17 @@ from pathlib import Path
 
 import pymupdf
 
-from app.docs.document import Extracted, Refused
-from app.docs.limits import MAX_TEXT_BYTES
+from app.docs import ocr
+from app.docs.document import (
+    NO_WATCH,
+    Extracted,
+    PageExtra,
+    ReadCancelled,
+    ReadWatch,
+    Refused,
+)
+from app.docs.limits import MAX_TEXT_BYTES, OCR_MIN_TEXT_CHARS
+from app.docs.tables import pdf_text_with_tables
 from app.docs.text import clean_title, normalise
 
 # pymupdf's "text" flags minus TEXT_PRESERVE_LIGATURES: "ﬁnd" becomes "find", which is what a
@@ -21,7 +31,7 @@ _EOF_MARKER = b"%%EOF"
 _EOF_WINDOW = 1024
 
 
-def read_pdf(path: Path, size: int) -> Extracted:
+def read_pdf(path: Path, size: int, watch: ReadWatch = NO_WATCH) -> Extracted:
     try:
         document = pymupdf.open(path, filetype="pdf")
     except (pymupdf.FileDataError, RuntimeError) as error:
@@ -37,9 +47,22 @@ def read_pdf(path: Path, size: int) -> Extracted:
             )
         if document.page_count == 0:
             raise Refused("file is truncated or not a valid PDF (pymupdf: it has no pages)")
-        pages, chars = [], 0
+        pages, chars, extras = [], 0, {}
         for index in range(document.page_count):
-            pages.append(_page_text(document, index))
+            text = _page_text(document, index)
+            if _has_no_text_layer(text):
+                if watch.cancel():
+                    raise ReadCancelled(f"{path}: cancelled before page {index + 1}")
+                # Said before the page, so a person sees the page being read, not the last one.
+                watch.progress(index, document.page_count,
+                               f"OCR page {index + 1} of {document.page_count}")
+                recognised = ocr.recognise_page(document[index])
+                if recognised.ocred:  # the page's text is what OCR read, if anything
+                    text = normalise(recognised.text).strip() or text
+                    extras[index] = PageExtra("ocr", recognised.note, recognised.words)
+                elif recognised.note:
+                    extras[index] = PageExtra("text", recognised.note)
+            pages.append(text)
             chars += len(pages[-1])
             if chars > MAX_TEXT_BYTES:  # the pages' text is kept: bound it as a text file is
                 raise Refused(
@@ -49,14 +72,22 @@ def read_pdf(path: Path, size: int) -> Extracted:
         metadata = document.metadata or {}
     return Extracted(
         pages=pages,
+        extras=extras,
         title=clean_title(metadata.get("title")),
         author=clean_title(metadata.get("author")),
     )
 
 
+def _has_no_text_layer(text: str) -> bool:
+    return sum(1 for char in text if not char.isspace()) < OCR_MIN_TEXT_CHARS
+
+
 def _page_text(document: pymupdf.Document, index: int) -> str:
     try:
-        text = document[index].get_text("text", flags=_TEXT_FLAGS)
+        page = document[index]
+        text = pdf_text_with_tables(page, _TEXT_FLAGS)
+        if text is None:
+            text = page.get_text("text", flags=_TEXT_FLAGS)
     except (RuntimeError, ValueError) as error:
         # Refuse rather than leave the page out: answers would silently miss it.
         raise Refused(

@@ -6,9 +6,19 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from app.docs.document import Document, DocumentError, Extracted, Refused, brief
+from app.docs.document import (
+    NO_WATCH,
+    Document,
+    DocumentError,
+    Extracted,
+    ReadCancelled,
+    ReadWatch,
+    Refused,
+    brief,
+)
 from app.docs.epub import read_epub
 from app.docs.markup import read_html
+from app.docs.ocr import NOTHING_RECOGNISED
 from app.docs.pdf import read_pdf
 from app.docs.plain import read_md, read_txt
 from app.docs.text import first_line
@@ -30,17 +40,20 @@ _READERS: dict[str, tuple[str, Reader]] = {
 SUPPORTED_SUFFIXES: frozenset[str] = frozenset(_READERS)
 
 _NO_TEXT_HINTS = {
-    "pdf": "scanned images? run OCR first",
+    "pdf": "no text layer, and OCR recognised no text in the page images",
     "epub": "only images? books of scanned pages need OCR first",
     "docx": "only images or empty paragraphs?",
 }
 
 
-def read(path: str | os.PathLike) -> Document:
-    """Read a document file. Every failure is a DocumentError whose reason says what to do."""
+def read(path: str | os.PathLike, watch: ReadWatch = NO_WATCH) -> Document:
+    """Read a document file. Every failure is a DocumentError whose reason says what to do;
+    ReadCancelled when `watch.cancel` stopped it."""
     name = os.fspath(path)
     try:
-        format, extracted = _extract(Path(name))
+        format, extracted = _extract(Path(name), watch)
+    except ReadCancelled:
+        raise
     except Refused as refusal:
         raise DocumentError(name, refusal.reason) from None
     except DocumentError:
@@ -61,12 +74,17 @@ def read(path: str | os.PathLike) -> Document:
 
     if not any(page.strip() for page in extracted.pages):
         hint = _NO_TEXT_HINTS.get(format, "the file holds only whitespace or markup")
+        notes = sorted({extra.note for extra in extracted.extras.values()
+                        if extra.note and extra.note != NOTHING_RECOGNISED})
+        if notes:  # say why OCR found nothing, when it could not run
+            hint += "; " + "; ".join(notes[:2])
         raise DocumentError(name, f"no extractable text ({hint})")
     title = extracted.title or extracted.heading or first_line(extracted.pages) or Path(name).stem
-    return Document.from_page_texts(name, format, title, extracted.author, extracted.pages)
+    return Document.from_page_texts(name, format, title, extracted.author, extracted.pages,
+                                    extracted.extras)
 
 
-def _extract(path: Path) -> tuple[str, Extracted]:
+def _extract(path: Path, watch: ReadWatch) -> tuple[str, Extracted]:
     suffix = path.suffix.lower()
     if suffix not in _READERS:
         raise Refused(
@@ -80,4 +98,6 @@ def _extract(path: Path) -> tuple[str, Extracted]:
     if size == 0:
         raise Refused("file is empty")
     format, reader = _READERS[suffix]
+    if reader is read_pdf:  # the one reader with long per-page work (OCR)
+        return format, read_pdf(path, size, watch)
     return format, reader(path, size)

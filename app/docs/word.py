@@ -1,4 +1,4 @@
-"""DOCX reader: body paragraphs and tables in order; explicit page breaks cut pages.
+"""DOCX reader: body paragraphs and tables (Markdown rows) in order; explicit page breaks cut pages.
 
 Word does not store its rendered page layout, only the breaks a person inserted
 (w:br w:type="page", "page break before" on a paragraph). w:lastRenderedPageBreak is a cache
@@ -18,6 +18,7 @@ from lxml import etree
 from app.docs.archive import corrupt_zip_refused, open_checked_zip
 from app.docs.document import Extracted, Refused, brief
 from app.docs.limits import MAX_TEXT_BYTES
+from app.docs.tables import table_text
 from app.docs.text import clean_title, normalise, paginate, short_title
 
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
@@ -112,17 +113,13 @@ def _paragraph_text(paragraph: etree._Element) -> str:
 
 
 def _table_text(table: etree._Element) -> str:
-    """One line per row, cells joined by " | ". Page breaks inside cells are not pages."""
+    """One Markdown-style line per row (app.docs.tables), empty cells kept so columns line up.
+    Page breaks inside cells are not pages."""
     rows = []
     for row in table.iterchildren(_W + "tr"):  # a nested table's rows are part of its cell
-        cells = []
-        for cell in row.iterchildren(_W + "tc"):
-            words = " ".join(_paragraph_text(p) for p in cell.iter(_W + "p")).split()
-            if words:
-                cells.append(" ".join(words))
-        if cells:
-            rows.append(" | ".join(cells))
-    return "\n".join(rows)
+        rows.append([" ".join(" ".join(_paragraph_text(p) for p in cell.iter(_W + "p")).split())
+                     for cell in row.iterchildren(_W + "tc")])
+    return table_text(rows)
 
 
 def _core_properties(document) -> tuple[str, str]:

@@ -36,24 +36,28 @@ class IngestEvent:
     index: int
     total: int
     path: str
-    status: str  # "ingested" | "updated" | "unchanged" | "failed" | "missing"
-    reason: str = ""
+    status: str  # "ingested" | "updated" | "unchanged" | "failed" | "missing" | "reading"
+    reason: str = ""  # for "reading": what is being done to the file, e.g. "OCR page 3 of 40"
     doc_id: int | None = None
     title: str = ""
     pages: int = 0
     tokens: int = 0
+    ocr_pages: int = 0  # pages whose text was recognised from their image
 
     def line(self) -> str:
+        if self.status == "reading":
+            return f"{self.path}: {self.reason}"
         if self.status == "failed":
             return f"{self.path}: failed: {self.reason}"
         if self.status in ("ingested", "updated"):
             extra = " (changed since last time)" if self.status == "updated" else ""
-            return f"{self.path}: ingested{extra} ({self.pages} pages, {self.tokens} tokens)"
+            ocr = f", {self.ocr_pages} OCRed" if self.ocr_pages else ""
+            return f"{self.path}: ingested{extra} ({self.pages} pages{ocr}, {self.tokens} tokens)"
         return f"{self.path}: {self.status}"
 
     def as_dict(self) -> dict:
         return {"path": self.path, "status": self.status, "reason": self.reason, "doc_id": self.doc_id,
-                "title": self.title, "pages": self.pages, "tokens": self.tokens}
+                "title": self.title, "pages": self.pages, "tokens": self.tokens, "ocr_pages": self.ocr_pages}
 
 
 @dataclass
@@ -218,8 +222,10 @@ def _data_dir_lock(store: Store, cancel: Callable[[], bool] | None):
 def ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: TokenCounter,
            progress: Callable[[IngestEvent], None] | None = None,
            cancel: Callable[[], bool] | None = None) -> IngestReport:
-    """Ingest files and folders; ``progress`` hears about every file as it is done;
-    ``cancel`` is asked between files. Another ingestion into the same data
+    """Ingest files and folders; ``progress`` hears about every file as it is done, and
+    about each page of long work inside a file (OCR) as a "reading" event whose ``index`` is
+    the files done so far (these are not in the report); ``cancel`` is asked between files
+    and between such pages, and a file cancelled half-read is left as it was. Another ingestion into the same data
     directory (another process or thread) is waited for, then this one runs and
     finds the files it already did unchanged."""
     try:
@@ -247,7 +253,18 @@ def _ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: Toke
         if cancel and cancel():
             report.cancelled = True
             return report
-        emit(_ingest_one(store, cand, i, total, count_tokens))
+
+        def page_progress(done: int, pages: int, what: str, i=i, cand=cand) -> None:
+            if progress:
+                progress(IngestEvent(i - 1, total, cand.path, "reading", what, pages=pages))
+
+        watch = docs.ReadWatch(progress=page_progress, cancel=cancel or (lambda: False))
+        try:
+            event = _ingest_one(store, cand, i, total, count_tokens, watch)
+        except docs.ReadCancelled:
+            report.cancelled = True
+            return report
+        emit(event)
 
     # Files that were in an ingested folder before and are gone now.
     present = {c.path for c in candidates}
@@ -263,7 +280,8 @@ def _ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: Toke
 GONE = "file disappeared while it was being read (moved or deleted?); ingest again if it comes back"
 
 
-def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tokens: TokenCounter) -> IngestEvent:
+def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tokens: TokenCounter,
+                watch: docs.ReadWatch = docs.NO_WATCH) -> IngestEvent:
     path = cand.path
     old = store.document_by_path(path)
     base = {"path": path, "folder": cand.folder}
@@ -311,7 +329,9 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
                            old["tokens"])
 
     try:
-        document = docs.read(path)
+        document = docs.read(path, watch)
+    except docs.ReadCancelled:
+        raise
     except docs.DocumentError as e:
         if not os.path.lexists(path):
             return failed(GONE, **meta)
@@ -321,7 +341,8 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
     except Exception as e:  # a reader bug must not stop the batch; say what happened
         return failed(f"unexpected error while reading ({type(e).__name__}: {e})", **meta)
 
-    pages = [(p.number, p.start, p.text) for p in document.pages]
+    pages = [(p.number, p.start, p.text, p.source, p.note, [list(w) for w in p.words])
+             for p in document.pages]
     chunks = [(p.number, p.start + s, p.start + e, p.text[s:e]) for p in document.pages
               for s, e in chunk_page(p.text)]
     tokens = count_document_tokens(document, count_tokens)
@@ -329,4 +350,5 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
                   pages=document.page_count, tokens=tokens, status="ingested", error=None, ingested_at=now())
     doc_id = store.save_document(record, pages, chunks)
     status = "ingested" if old is None or old["status"] != "ingested" else "updated"
-    return IngestEvent(index, total, path, status, "", doc_id, document.title, document.page_count, tokens)
+    return IngestEvent(index, total, path, status, "", doc_id, document.title, document.page_count, tokens,
+                       len(document.ocr_pages))

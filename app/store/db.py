@@ -21,6 +21,13 @@ from app.store.migrations import upgrade
 BUSY_TIMEOUT_MS = 30_000
 
 
+def _page_row(page: tuple) -> tuple:
+    """(number, start, text, source, note, words as JSON) from a 3- or 6-tuple page."""
+    number, start, text, *rest = page
+    source, note, words = (rest + ["text", None, None][len(rest):])[:3]
+    return number, start, text, source or "text", note or None, json.dumps(words) if words else None
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -145,10 +152,11 @@ class Store:
                 return rows
         return []
 
-    def save_document(self, record: dict, pages: list[tuple[int, int, str]] | None = None,
+    def save_document(self, record: dict, pages: list[tuple] | None = None,
                       chunks: list[tuple[int, int, int, str]] | None = None) -> int:
         """Insert or replace the document at record['path'] with its pages
-        ((number, start, text)) and chunks ((page, start, end, text)) in one transaction.
+        ((number, start, text), or (number, start, text, source, note, words) where words are
+        an OCR page's word tuples) and chunks ((page, start, end, text)) in one transaction.
         With pages None only the document row changes (e.g. a failed file keeps
         the content it had before, if any)."""
         with self.transaction():
@@ -166,8 +174,10 @@ class Store:
             if pages is not None:
                 self.conn.execute("DELETE FROM chunks WHERE doc_id = ?", [doc_id])
                 self.conn.execute("DELETE FROM pages WHERE doc_id = ?", [doc_id])
-                self.conn.executemany("INSERT INTO pages (doc_id, number, start, text) VALUES (?, ?, ?, ?)",
-                                      [(doc_id, n, s, t) for n, s, t in pages])
+                self.conn.executemany(
+                    "INSERT INTO pages (doc_id, number, start, text, source, note, words)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(doc_id, *_page_row(page)) for page in pages])
                 self.conn.executemany("INSERT INTO chunks (doc_id, page, start, end, text) VALUES (?, ?, ?, ?, ?)",
                                       [(doc_id, p, s, e, t) for p, s, e, t in (chunks or [])])
         return doc_id
@@ -179,6 +189,21 @@ class Store:
 
     def pages(self, doc_id: int) -> list[dict]:
         return self.query("SELECT number, start, text FROM pages WHERE doc_id = ? ORDER BY number", [doc_id])
+
+    def page_words(self, doc_id: int, number: int) -> list[tuple]:
+        """The recognised words of an OCR page as pymupdf word tuples (x0, y0, x1, y1, word,
+        block, line, word_no) in PDF points; [] for a page read from its text layer."""
+        rows = self.query("SELECT words FROM pages WHERE doc_id = ? AND number = ?", [doc_id, number])
+        if not rows or not rows[0]["words"]:
+            return []
+        return [tuple(word) for word in json.loads(rows[0]["words"])]
+
+    def page_sources(self, doc_id: int) -> list[dict]:
+        """[{number, source, note}] for every page: which were OCRed, and any page's note."""
+        return self.query("SELECT number, source, note FROM pages WHERE doc_id = ? ORDER BY number", [doc_id])
+
+    def ocr_pages(self, doc_id: int) -> list[int]:
+        return [row["number"] for row in self.page_sources(doc_id) if row["source"] == "ocr"]
 
     def search_chunks(self, doc_ids: list[int], text: str, limit: int = 10,
                       pages: Iterable[int] | None = None) -> list[dict]:

@@ -208,6 +208,19 @@ def _v6_batches(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v7_page_sources(conn: sqlite3.Connection) -> None:
+    """How each page was read: 'text' (the file's own text) or 'ocr' (recognised from the page
+    image), a note for a person (why a page is empty), and an OCR page's word boxes as JSON
+    pymupdf word tuples, which the viewer highlights since the PDF itself has no words there."""
+    _script(conn,
+        """
+        ALTER TABLE pages ADD COLUMN source TEXT NOT NULL DEFAULT 'text';
+        ALTER TABLE pages ADD COLUMN note TEXT;
+        ALTER TABLE pages ADD COLUMN words TEXT;
+        """
+    )
+
+
 # Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_documents,
@@ -216,6 +229,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v4_kv_caches,
     _v5_summary_keys,
     _v6_batches,
+    _v7_page_sources,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

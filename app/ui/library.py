@@ -94,7 +94,7 @@ class LibraryPane(QWidget):
         self.progress.setVisible(False)
         self.current = info_label("", "status")
         self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setToolTip("Stop ingesting after the current file")
+        self.cancel_button.setToolTip("Stop ingesting after the current file (or the current page of a scan being OCRed)")
         self.cancel_button.setVisible(False)
         row = QHBoxLayout()
         row.addWidget(self.progress, 1)

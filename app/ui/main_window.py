@@ -189,7 +189,7 @@ class MainWindow(QMainWindow):
     def cancel_ingest(self) -> None:
         if self.ingest_job:
             self.ingest_job.cancel()
-            self.library.current.setText("Stopping after the current file…")
+            self.library.current.setText("Stopping after the current file or OCR page…")
 
     def ask_target(self) -> AskTarget:
         """What a question asked now would be about: the choice in the ask pane, applied to

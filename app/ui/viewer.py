@@ -53,6 +53,7 @@ class DocumentViewer(QWidget):
         self._pdf = None  # the open pymupdf.Document of a PDF being shown
         self.rendered: QImage | None = None  # the page image last shown, highlight included
         self._pages: list[dict] = []  # text pages from the store: [{number, start, text}]
+        self._sources: dict[int, dict] = {}  # PDF page number -> {number, source, note} from the store
         self._positions: list[tuple[int, int, int]] = []  # (page offset, length, document position) per block
 
         layout = QVBoxLayout(self)
@@ -121,7 +122,7 @@ class DocumentViewer(QWidget):
     def show_document(self, doc: dict | None, page: int = 1) -> None:
         """Open ``doc`` (a row of store.documents()) at ``page``; None shows nothing."""
         self._close_pdf()
-        self.doc, self._pages = doc, []
+        self.doc, self._pages, self._sources = doc, [], {}
         self._clear_highlight()
         if doc is None:
             self.title.setText("No document")
@@ -133,6 +134,7 @@ class DocumentViewer(QWidget):
         self.title.setToolTip(doc["path"])
         if (doc.get("format") == "pdf" or doc["path"].lower().endswith(".pdf")) and doc["status"] != "failed":
             self._open_pdf(doc["path"])
+            self._sources = {row["number"]: row for row in self.store.page_sources(doc["id"])}
         if self._pdf is None:
             self._pages = self.store.pages(doc["id"])
             if not self._pages:
@@ -173,7 +175,8 @@ class DocumentViewer(QWidget):
         self._clear_highlight()
         if self._pdf is not None:
             pdf_page = self._pdf[self.page - 1]
-            words = pdf_page.get_text("words")
+            # A scanned page has no words of its own: use those OCR recognised at ingestion.
+            words = pdf_page.get_text("words") or self.store.page_words(doc_id, self.page)
             hits = locate_in_pdf_words(words, passage) if passage else []
             rects = _line_rects([words[i] for i in hits])
             if not rects and passage:  # fall back to pymupdf's own phrase search on the opening words
@@ -230,11 +233,22 @@ class DocumentViewer(QWidget):
             painter.end()
         self.image.setPixmap(QPixmap.fromImage(image))
         self.rendered = image
+        self.note.setText(self._page_note(self._sources.get(self.page)))
         if self.highlight_rects:
             top = min(r.y() for r in self.highlight_rects) * z
             QTimer.singleShot(0, lambda: self.scroll.verticalScrollBar().setValue(max(0, int(top) - 60)))
         else:
             self.scroll.verticalScrollBar().setValue(0)
+
+    @staticmethod
+    def _page_note(source: dict | None) -> str:
+        """What a person should know about how this PDF page was read."""
+        if not source:
+            return ""
+        note = source["note"] or ""
+        if source["source"] == "ocr":
+            return f"This page is a scan: its text was recognised by OCR{'; ' + note if note else ''}."
+        return note
 
     def _render_text(self) -> None:
         """The page as headings and paragraphs; ``_positions`` maps page offsets to

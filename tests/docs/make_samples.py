@@ -56,6 +56,72 @@ def make_scanned_pdf(path: str | os.PathLike, page_count: int = 2) -> Path:
     return Path(path)
 
 
+def make_image_only_pdf(
+    path: str | os.PathLike, pages: list[str], dpi: int = 150, text_pages: tuple[int, ...] = (),
+    height: float | None = None,
+) -> Path:
+    """A scan: each page of make_pdf(pages) rendered to a PNG at `dpi` and placed as the only
+    content of a page of the same size, so the file has no text layer. Pages whose 1-based
+    number is in `text_pages` are kept as text, as in a scan with some pages born digital.
+    `height` keeps only the top of each page, in points (OCR time grows with the page's area,
+    and test pages hold a few lines at the top)."""
+    source = make_pdf(Path(path).with_suffix(".source.pdf"), pages)
+    scan = pymupdf.open()
+    with pymupdf.open(source) as original:
+        for number, page in enumerate(original, start=1):
+            if number in text_pages:
+                scan.insert_pdf(original, from_page=number - 1, to_page=number - 1)
+                continue
+            clip = pymupdf.Rect(0, 0, page.rect.width, height or page.rect.height)
+            image = page.get_pixmap(dpi=dpi, clip=clip).tobytes("png")
+            sheet = scan.new_page(width=clip.width, height=clip.height)
+            sheet.insert_image(sheet.rect, stream=image)
+    scan.save(path)
+    scan.close()
+    source.unlink()
+    return Path(path)
+
+
+def make_damaged_image_pdf(path: str | os.PathLike, text: str) -> Path:
+    """Page 1 holds `text` as text; page 2 is a scan whose JPEG data is garbage, as a file
+    damaged on disk leaves it (the image's dictionary still says DCTDecode)."""
+    make_pdf(path, [text])
+    document = pymupdf.open(path)
+    picture = pymupdf.open()
+    picture.new_page().insert_text((72, 72), "Unreadable words", fontsize=30)
+    jpeg = picture[0].get_pixmap(dpi=100).tobytes("jpeg")
+    page = document.new_page()
+    page.insert_image(page.rect, stream=jpeg)
+    xref = page.get_images()[0][0]
+    document.update_stream(xref, b"\xff\xd8\xff not a JPEG any more " * 20, compress=False)
+    document.xref_set_key(xref, "Filter", "/DCTDecode")
+    data = document.tobytes()
+    document.close()
+    Path(path).write_bytes(data)
+    return Path(path)
+
+
+def make_table_pdf(
+    path: str | os.PathLike, before: str, rows: list[list[str]], after: str
+) -> Path:
+    """One page: `before`, a table of `rows` ruled with lines as a word processor draws one,
+    then `after`."""
+    document = pymupdf.open()
+    page = document.new_page()
+    page.insert_text((72, 72), before, fontsize=_PDF_FONT_SIZE)
+    top, width, height = 100, 140, 20
+    for r, row in enumerate(rows):
+        for c, cell in enumerate(row):
+            box = pymupdf.Rect(72 + c * width, top + r * height, 72 + (c + 1) * width,
+                               top + (r + 1) * height)
+            page.draw_rect(box, color=(0, 0, 0), width=0.5)
+            page.insert_text((box.x0 + 4, box.y1 - 6), cell, fontsize=_PDF_FONT_SIZE)
+    page.insert_text((72, top + len(rows) * height + 30), after, fontsize=_PDF_FONT_SIZE)
+    document.save(path)
+    document.close()
+    return Path(path)
+
+
 def make_encrypted_pdf(
     path: str | os.PathLike, pages: list[str], password: str = "secret"
 ) -> Path:

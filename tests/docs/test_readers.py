@@ -167,7 +167,7 @@ def test_docx_tables_breaks_and_page_break_before(tmp_path):
 
     result = read(tmp_path / "table.docx")
     assert [page.text for page in result.pages] == [
-        "Intro line\tafter tab\n\nName | Value\nalpha | 42\n\nline one\nline two",
+        "Intro line\tafter tab\n\n| Name | Value |\n| alpha | 42 |\n\nline one\nline two",
         "New page",
     ]
 
@@ -226,8 +226,8 @@ def test_html_structure(tmp_path):
     document = read(path)
     assert [page.text for page in document.pages] == [
         (
-            "Section\n\nLoose text\n\nInline bold and italic.\nAfter break.\n\none\n\ntwo\n\nKey | Value\n\n"
-            "a | 1\n\ncode line\n    indented"
+            "Section\n\nLoose text\n\nInline bold and italic.\nAfter break.\n\none\n\ntwo\n\n| Key | Value |\n"
+            "| a | 1 |\n\ncode line\n    indented"
         ),
         "Second page",
     ]

@@ -121,7 +121,10 @@ def test_not_a_pdf(tmp_path):
 
 def test_scanned_pdf(tmp_path):
     path = make_scanned_pdf(tmp_path / "scan.pdf")
-    assert reason(path) == "no extractable text (scanned images? run OCR first)"
+    # Drawings only: no text layer, and OCR finds no letters in the page image either.
+    assert reason(path) == (
+        "no extractable text (no text layer, and OCR recognised no text in the page images)"
+    )
 
 
 # ---- EPUB and DOCX archives

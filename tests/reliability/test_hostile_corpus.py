@@ -13,6 +13,7 @@ import pytest
 from app.docs.limits import MAX_TEXT_BYTES, PAGE_CHARS
 from tests.conftest import TREATY_PAGES
 from tests.docs.make_samples import (
+    make_damaged_image_pdf,
     make_encrypted_pdf,
     make_epub,
     make_pdf,
@@ -66,7 +67,9 @@ HANDLED = {  # read correctly although they look odd: relative path -> pages
     "latin1.txt": 1,
     "short_line.txt": None,  # a 2 MB line: many pages, each at most PAGE_CHARS
     "/".join(["nested"] * NESTED_LEVELS) + "/deep.md": 1,
+    "damaged_scan.pdf": 2,  # page 2 a scan whose JPEG is garbage: stored empty with a note
 }
+OCRED = {"damaged_scan.pdf": 1}  # relative path -> pages that went through OCR
 
 
 def build_corpus(root: Path) -> None:
@@ -96,6 +99,7 @@ def build_corpus(root: Path) -> None:
     write_one_line(root / "short_line.txt", 2 * MiB)
     deepest = make_tree(root, NESTED_LEVELS, "nested")
     make_text(deepest / "deep.md", "# Deep note\n\nFound at the bottom of sixty folders.\n")
+    make_damaged_image_pdf(root / "damaged_scan.pdf", "A typed cover page before the scan.")
     os.symlink("..", root / "good" / "up")  # a folder link back up: following it would loop
 
 
@@ -176,7 +180,8 @@ def test_docs_json_agrees_with_the_ingest_report(ingested):
             assert d["status"] == "ingested" and d["error"] is None and d["tokens"] > 0, d
             pages = {**GOOD, **HANDLED}[path]
             assert pages is None or d["pages"] == pages, d
-            assert said[path] == f"ingested ({d['pages']} pages, {d['tokens']} tokens)"
+            ocr = f", {OCRED[path]} OCRed" if path in OCRED else ""
+            assert said[path] == f"ingested ({d['pages']} pages{ocr}, {d['tokens']} tokens)"
 
 
 def test_odd_but_valid_files_are_read_correctly(ingested):
@@ -191,6 +196,10 @@ def test_odd_but_valid_files_are_read_correctly(ingested):
     assert max(n for (n,) in lengths) <= PAGE_CHARS
     deep = str(corpus / "/".join(["nested"] * NESTED_LEVELS) / "deep.md")
     assert query(db, "SELECT title, status FROM documents WHERE path = ?", [deep]) == [("Deep note", "ingested")]
+    notes = query(db, "SELECT p.number, p.source, p.note FROM pages p JOIN documents d ON d.id = p.doc_id "
+                      "WHERE d.path = ? ORDER BY p.number", [str(corpus / "damaged_scan.pdf")])
+    assert notes[0] == (1, "text", None) and notes[1][:2] == (2, "ocr")
+    assert notes[1][2].startswith("the page image is damaged (mupdf: "), notes
     # The folder link back up ("good/up" -> "..") was not followed: no file was found twice.
     assert query(db, "SELECT count(*) FROM documents WHERE path LIKE ?", ["%/up/%"]) == [(0,)]
 
@@ -212,10 +221,10 @@ def test_a_file_that_disappears_between_hashing_and_reading(cli, tmp_path, monke
     make_text(folder / "b.txt", "Goes away.\n")
     real_read = docs.read
 
-    def read_after_deletion(path):
+    def read_after_deletion(path, *args):
         if Path(path).name == "b.txt":
             Path(path).unlink()
-        return real_read(path)
+        return real_read(path, *args)
 
     monkeypatch.setattr(app.library.ingest.docs, "read", read_after_deletion)
     rc, out, _ = cli("ingest", str(folder))

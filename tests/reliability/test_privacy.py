@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from tests.conftest import TREATY_PAGES
-from tests.docs.make_samples import make_pdf
+from tests.docs.make_samples import make_image_only_pdf, make_pdf
 from tests.reliability.helpers import cli_env, run_cli
 from tests.reliability.hooks.ellm_netguard import NetworkAttempt, make_guard
 
@@ -115,4 +115,16 @@ def test_ellm_answers_with_networking_disabled_for_the_process(data_dir, tmp_pat
     shot = tmp_path / "window.png"
     gui = run_cli(data_dir, "gui", "--screenshot", str(shot), env=env, prefix=prefix, timeout=120)
     assert gui.rc == 0 and shot.stat().st_size > 10_000, gui.err
+    assert not log.exists(), log.read_text()
+
+
+def test_ocr_of_a_scan_needs_no_network(data_dir, tmp_path):
+    """The OCR models ship in the wheel: reading a scan in a process without networking (and
+    with the socket guard) must not try to fetch anything."""
+    log = tmp_path / "network-attempts.log"
+    env = cli_env(ELLM_TEST_NO_NETWORK="1", ELLM_TEST_NETWORK_LOG=str(log))
+    prefix = ["unshare", "-n"] if _can_unshare_network() else []
+    scan = make_image_only_pdf(tmp_path / "scan.pdf", ["A scanned letter about the mill race."], height=120)
+    ingest = run_cli(data_dir, "ingest", str(scan), env=env, prefix=prefix, timeout=180)
+    assert ingest.rc == 0 and "(1 pages, 1 OCRed, " in ingest.out, ingest.err
     assert not log.exists(), log.read_text()

@@ -2,10 +2,11 @@
 with their structure, citations highlighted, a moved PDF shown from the store."""
 from __future__ import annotations
 
+import pymupdf
 from PySide6.QtCore import QPointF, Qt
 from PySide6.QtGui import QFont
 
-from tests.docs.make_samples import make_text
+from tests.docs.make_samples import make_image_only_pdf, make_pdf, make_text
 from tests.ui.helpers import doc_id, ingest
 
 
@@ -100,3 +101,26 @@ def test_a_moved_pdf_is_shown_from_the_stored_text(qtbot, window, corpus):
     assert v.note.text().startswith("Cannot render the PDF") and "stored text" in v.note.text()
     assert v.show_citation(v.doc_id, 2, "Marta Quill, who kept the lamp")
     assert v.highlighted_text() == "Marta Quill, who kept the lamp"
+
+
+LETTER = "Dear council,\nthe bridge tolls must fall by half this spring."
+
+
+def test_a_citation_on_a_scanned_page_highlights_the_recognised_words(qtbot, window, tmp_path):
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    make_image_only_pdf(folder / "letter.pdf", [LETTER], height=120)
+    ingest(qtbot, window, folder)
+    letter = doc_id(window, "letter.pdf")
+    v = window.viewer
+    assert v.show_citation(letter, 1, "the bridge tolls must fall by half this spring.")
+    assert v.is_pdf() and v._pdf[0].get_text("words") == []  # the page has no words of its own
+    assert v.note.text() == "This page is a scan: its text was recognised by OCR."
+    # one marker stroke, over the second line where the original text PDF has it (within 3 pt)
+    with pymupdf.open(make_pdf(tmp_path / "original.pdf", [LETTER])) as original:
+        drawn = [w for w in original[0].get_text("words") if w[6] == 1]
+    expected = (min(w[0] for w in drawn), min(w[1] for w in drawn), max(w[2] for w in drawn),
+                max(w[3] for w in drawn))
+    [line] = v.highlight_rects
+    got = (line.left(), line.top(), line.right(), line.bottom())
+    assert max(abs(a - b) for a, b in zip(got, expected)) < 3, (got, expected)
