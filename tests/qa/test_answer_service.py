@@ -20,13 +20,6 @@ PAGES = [
 ]
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "ellm.db")
-    yield s
-    s.close()
-
-
 def add_document(store: Store, path: str, title: str, pages: list[str]) -> int:
     rows, chunks, start = [], [], 0
     for number, text in enumerate(pages, 1):
@@ -35,13 +28,6 @@ def add_document(store: Store, path: str, title: str, pages: list[str]) -> int:
         start += len(text) + 1
     return store.save_document({"path": path, "title": title, "status": "ingested", "pages": len(pages)},
                                rows, chunks)
-
-
-@pytest.fixture
-def model_file(tmp_path):
-    path = tmp_path / "fake.gguf"
-    path.write_bytes(b"GGUF fake model bytes")
-    return path
 
 
 def test_a_document_that_fits_is_read_whole_with_its_page_markers(store, model_file):

@@ -3,32 +3,16 @@ a document read once is found again; the answer's ttft counts from the question;
 made once per document, model and settings."""
 from __future__ import annotations
 
-import pytest
 
 from app.engine.backend import SamplingParams
 from app.qa.answer import ReadingProgress, answer
 from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.qa.reading import NOT_READ, READ, read_document, read_states
 from app.qa.summarize import summarize
-from app.store import Store
 from tests.qa.fake_backend import FakeBackend
 from tests.qa.test_answer_service import PAGES, add_document
 
 PARAMS = SamplingParams.make_greedy(16)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "ellm.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def model_file(tmp_path):
-    path = tmp_path / "fake.gguf"
-    path.write_bytes(b"GGUF fake model bytes")
-    return path
 
 
 def test_a_document_read_ahead_is_found_by_its_first_question(store, model_file):
