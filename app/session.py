@@ -49,11 +49,15 @@ class Session:
             raise SessionError(str(e)) from e
 
     def doc_tokens(self, doc_ids) -> int:
-        """The documents' tokens as ingestion counted them (what an automatic context must hold)."""
+        """The documents' tokens in a prompt: their text as ingestion counted it and their page
+        markers (qa/pages.py) — what an automatic context must hold."""
+        from app.qa.pages import PAGE_MARKER_TOKENS
+
         total = 0
         for i in doc_ids:
             doc = self.store.document(int(i))
-            total += int(doc["tokens"] or 0) if doc else 0
+            if doc:
+                total += int(doc["tokens"] or 0) + PAGE_MARKER_TOKENS * int(doc["pages"] or 0)
         return total
 
     def chosen(self, doc_tokens: int | None = None):

@@ -26,7 +26,7 @@ def test_the_defaults_leave_the_context_kv_and_attention_to_eLLM():
 def test_a_document_inside_the_trained_context_is_read_whole_and_densely(model):
     path, trained = model
     c = choose(Settings(), path, "ellm", doc_tokens=2000, free_bytes=16 * GIB)
-    wanted = int(2000 * 1.05) + 512 + Settings().max_tokens
+    wanted = 2000 + 512 + Settings().max_tokens
     assert c.wanted == wanted and c.n_ctx == -(-wanted // CONTEXT_STEP) * CONTEXT_STEP == 4096
     assert (c.kv, c.attention, c.note) == (AUTO_KV, "dense", "")
     assert c.n_ctx <= trained
@@ -56,7 +56,7 @@ def test_free_memory_bounds_the_context_and_the_note_says_so(model):
 
 def test_a_document_just_inside_the_trained_context_stays_dense(model):
     path, trained = model
-    doc = int((trained - 512 - Settings().max_tokens) / 1.05) - 8
+    doc = trained - 512 - Settings().max_tokens - 8
     c = choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=16 * GIB)
     assert c.wanted <= trained and (c.n_ctx, c.attention) == (trained, "dense")
 

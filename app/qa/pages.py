@@ -87,14 +87,17 @@ def format_pages(pages: list[PageText]) -> str:
     return "\n\n".join(parts)
 
 
+PAGE_MARKER_TOKENS = 8   # "[Page N]" and the blank lines around it
+
+
 def load_pages(store: Store, doc_ids: list[int], count_tokens) -> list[PageText]:
     pages = []
     for doc_id in doc_ids:
         doc = store.document(doc_id)
         title = (doc or {}).get("title") or f"document {doc_id}"
         for row in store.pages(doc_id):
-            # +8 covers the page marker and the blank lines around it.
-            pages.append(PageText(doc_id, title, row["number"], row["text"], count_tokens(row["text"]) + 8))
+            pages.append(PageText(doc_id, title, row["number"], row["text"],
+                                  count_tokens(row["text"]) + PAGE_MARKER_TOKENS))
     return pages
 
 

@@ -4,7 +4,8 @@ did choose is kept as chosen.
 
 The rules (README, "Automatic settings", gives the figures behind them):
 
-* context: the whole of the documents asked about, plus the answer and the question, rounded
+* context: the whole of the documents asked about (their text and page markers), plus the
+  answer and the question, rounded
   up to ``CONTEXT_STEP``, as far as free memory allows next to the model (kv/sizes.py
   ``max_context``: the KV calculator). llama.cpp stops at the model's trained context; eLLM's
   engine goes beyond it with sparse attention, whose positions are remapped into the trained
@@ -22,7 +23,6 @@ The rules (README, "Automatic settings", gives the figures behind them):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +34,7 @@ AUTO_KV = "k8v8"
 CONTEXT_STEP = 4096          # automatic contexts are multiples of this (fewer backend reloads)
 MIN_AUTO_CONTEXT = 4096
 NO_DOCUMENT_CONTEXT = 8192   # a completion without documents
-PROMPT_ROOM = 512            # system prompt, question and chat template around the document
-PAGE_MARKERS = 1.05          # "[page N]" markers add about 5 % to a document's tokens
+PROMPT_ROOM = 512            # system prompt, question, chat template and the padding to whole KV blocks
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_toke
                   free_bytes: int | None) -> tuple[int, int, str]:
     if not doc_tokens:
         return min(trained, NO_DOCUMENT_CONTEXT), 0, ""
-    wanted = math.ceil(doc_tokens * PAGE_MARKERS) + PROMPT_ROOM + settings.max_tokens
+    wanted = doc_tokens + PROMPT_ROOM + settings.max_tokens
     n_ctx = max(MIN_AUTO_CONTEXT, -(-wanted // CONTEXT_STEP) * CONTEXT_STEP)
     if wanted <= trained < n_ctx:
         n_ctx = trained          # rounding must not push a document that fits out of the trained window
