@@ -57,7 +57,7 @@ def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PRO
         raise ProbeError(str(e)) from e
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ProbeError(f"{model_path.name}: the KV probe runs on eLLM's own engine, which implements "
-                         f"{' and '.join(SUPPORTED_ARCHITECTURES)} models, not '{arch}'; choose such a model")
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)} models, not '{arch}'; choose such a model")
     text = document_text(store, doc["id"])
     if not text.strip():
         raise ProbeError(f"{doc['path']}: the document has no text to probe")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.engine.model.config import SUPPORTED_ARCHITECTURES
 from tests.docs.make_samples import make_text
 from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
 
@@ -60,8 +61,8 @@ def test_an_unknown_document_is_a_clear_error(cli, library, tiny):
 def test_a_model_our_engine_does_not_run_is_refused_by_name(cli, library, tiny):
     rc, _, err = cli("kv-probe", "--doc", "river.txt", "--kv", "k8v4", "--model", str(tiny["phi3"]))
     assert rc == 1
-    assert ("tiny-phi3.gguf: the KV probe runs on eLLM's own engine, which implements llama and qwen2 models, "
-            "not 'phi3'; choose such a model") in err
+    assert ("tiny-phi3.gguf: the KV probe runs on eLLM's own engine, which implements "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} models, not 'phi3'; choose such a model") in err
 
 
 def test_an_unknown_kv_format_is_refused(cli, library, tiny):

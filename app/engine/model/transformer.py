@@ -94,7 +94,11 @@ class LayerWeights:
     bk: np.ndarray          # (KVH*HD,) float32, or (0,)
     bv: np.ndarray          # (KVH*HD,) float32, or (0,)
     bo: np.ndarray          # (D,) float32, or (0,)
+    q_norm: np.ndarray      # (HD,) float32, or (0,) — qwen3, gemma3: RMS norm of each q head
+    k_norm: np.ndarray      # (HD,) float32, or (0,) — and of each k head
+    attn_post_norm: np.ndarray  # (D,) float32, or (0,) — gemma3: norm of the attention output
     ffn_norm: np.ndarray    # (D,) float32
+    ffn_post_norm: np.ndarray   # (D,) float32, or (0,) — gemma3: norm of the FFN output
     w_gate: QMatrix         # (F, D)
     w_up: QMatrix           # (F, D)
     w_down: QMatrix         # (D, F)
@@ -108,7 +112,7 @@ def _vector(t: ReaderTensor) -> np.ndarray:
 
 
 class Model:
-    """A llama/qwen2 model read from a GGUF file. Weights stay memory-mapped and quantized."""
+    """A llama/qwen2/qwen3 model read from a GGUF file. Weights stay memory-mapped and quantized."""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
@@ -149,7 +153,11 @@ class Model:
                 bk=vector(f"blk.{i}.attn_k.bias", False),
                 bv=vector(f"blk.{i}.attn_v.bias", False),
                 bo=vector(f"blk.{i}.attn_output.bias", False),
+                q_norm=vector(f"blk.{i}.attn_q_norm.weight", c.qk_norm),
+                k_norm=vector(f"blk.{i}.attn_k_norm.weight", c.qk_norm),
+                attn_post_norm=vector(f"blk.{i}.post_attention_norm.weight", c.post_norms),
                 ffn_norm=vector(f"blk.{i}.ffn_norm.weight"),
+                ffn_post_norm=vector(f"blk.{i}.post_ffw_norm.weight", c.post_norms),
                 w_gate=matrix(f"blk.{i}.ffn_gate.weight"),
                 w_up=matrix(f"blk.{i}.ffn_up.weight"),
                 w_down=matrix(f"blk.{i}.ffn_down.weight"),
@@ -224,6 +232,11 @@ class Model:
         q = _linear(lw.wq, h)   # (T, H*HD) float32
         k = _linear(lw.wk, h)   # (T, KVH*HD) float32
         v = _linear(lw.wv, h)   # (T, KVH*HD) float32
+        if lw.q_norm.shape[0]:
+            # qwen3/gemma3: each head RMS-normed before RoPE (src/models/qwen3.cpp: build_norm of the
+            # (HD, H, T) view, then ggml_rope_ext); no biases in these architectures
+            _head_norm(q, lw.q_norm, self.eps)
+            _head_norm(k, lw.k_norm, self.eps)
         if isinstance(cache, BlockKVCache):
             in_block = (pos0 + np.arange(n_tok)) % cache.block               # (T,) offsets in block
             table_cos, table_sin = self.rope.rows(0, cache.block)
@@ -248,6 +261,14 @@ class Model:
         up = _linear(lw.w_up, h)       # (T, F) float32
         swiglu(gate, up, gate)
         return _linear(lw.w_down, gate)
+
+
+def _head_norm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> None:
+    """In place: x (T, n_heads*HD) float32, each HD-wide head RMS-normed and times w (HD,)."""
+    if not x.flags.c_contiguous:
+        raise ValueError("head norm needs a C-contiguous (T, n_heads*HD) array to work in place")
+    rows = x.reshape(-1, w.shape[0])        # (T*n_heads, HD) view of x
+    rms_norm_rows(rows, w, eps, rows)
 
 
 def _linear(w: QMatrix, x: np.ndarray) -> np.ndarray:
