@@ -54,3 +54,22 @@ def test_gemma3_prompt_tokenizes_to_its_turn_tokens_once_with_one_bos():
     assert len(start) == len(end) == 1                                 # control tokens, not text
     assert ids[0] == tok.bos_id and ids.count(tok.bos_id) == 1
     assert ids.count(start[0]) == 4 and ids.count(end[0]) == 3
+
+
+def test_both_backends_render_and_tokenize_gemma3_chat_alike():
+    """The family template reaches render_chat through both backends: the same text, the same ids."""
+    if not GEMMA3_PATH.exists():
+        pytest.skip(f"{GEMMA3_PATH} is not here")
+    pytest.importorskip("llama_cpp")
+    from app.engine.ellm_backend import EllmBackend
+    from app.engine.llamacpp_backend import LlamaCppBackend
+
+    ours = EllmBackend(GEMMA3_PATH, n_ctx=256, n_threads=1)
+    theirs = LlamaCppBackend(str(GEMMA3_PATH), n_ctx=256, n_threads=1)
+    try:
+        text = ours.apply_chat_template(CHAT)
+        assert text == theirs.apply_chat_template(CHAT) == render_chat(None, CHAT, arch="gemma3")
+        assert ours.tokenize(text) == theirs.tokenize(text)
+    finally:
+        ours.close()
+        theirs.close()
