@@ -56,11 +56,10 @@ def test_gemma3_prompt_tokenizes_to_its_turn_tokens_once_with_one_bos():
     assert ids.count(start[0]) == 4 and ids.count(end[0]) == 3
 
 
-def test_both_backends_render_and_tokenize_gemma3_chat_alike():
+def test_both_backends_render_and_tokenize_gemma3_chat_alike(llama_cpp):
     """The family template reaches render_chat through both backends: the same text, the same ids."""
     if not GEMMA3_PATH.exists():
         pytest.skip(f"{GEMMA3_PATH} is not here")
-    pytest.importorskip("llama_cpp")
     from app.engine.ellm_backend import EllmBackend
     from app.engine.llamacpp_backend import LlamaCppBackend
 
