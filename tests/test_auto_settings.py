@@ -75,3 +75,15 @@ def test_a_persons_choices_are_kept(model):
     assert (c.n_ctx, c.kv, c.attention, c.note) == (2048, "f16", "sparse", "")
     with pytest.raises(ValueError, match="0 \\(automatic\\) or at least 256"):
         Settings(n_ctx=100)
+
+
+def test_gemma3_gets_the_f16_cache_and_dense_attention_inside_its_window(tmp_path):
+    """The blocked cache does not implement gemma3's sliding-window layers (support.py
+    DENSE_ONLY): the automatic settings keep it on f16 and dense, inside the trained context."""
+    from tests.engine.tiny_gguf import GEMMA3, TinySpec, write_tiny_model
+
+    path = write_tiny_model(tmp_path / "tiny-gemma3.gguf", TinySpec(**{**GEMMA3, "context_length": 8192}))
+    c = choose(Settings(), path, "ellm", doc_tokens=3 * 8192, free_bytes=16 * GIB)
+    assert (c.n_ctx, c.kv, c.attention) == (8192, "f16", "dense")
+    assert "ellm reads at most the model's trained 8,192 tokens" in c.note
+    assert choose(Settings(), path, "ellm", doc_tokens=1000, free_bytes=16 * GIB).kv == "f16"

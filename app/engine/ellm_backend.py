@@ -78,7 +78,8 @@ class EllmBackend:
         return self.tokenizer.token_bytes(token)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return render_chat(self._template, messages, self._bos_text, self._eos_text, add_generation_prompt)
+        return render_chat(self._template, messages, self._bos_text, self._eos_text, add_generation_prompt,
+                           arch=self.model.config.arch, tokenizer_adds_bos=self.tokenizer.add_bos)
 
     def eos_tokens(self) -> set[int]:
         return set(self.tokenizer.eot_ids)

@@ -132,6 +132,8 @@ class LlamaCppBackend:
         self._bos = self._piece(self.llm.token_bos())
         self._eos = self._piece(self.llm.token_eos())
         self._eog = {t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+        self._arch = layout.architecture
+        self._adds_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
 
     def _piece(self, token: int) -> str:
         if token < 0:
@@ -150,7 +152,8 @@ class LlamaCppBackend:
         return self.llm.detokenize([token], special=True)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        return render_chat(self._template, messages, self._bos, self._eos, add_generation_prompt)
+        return render_chat(self._template, messages, self._bos, self._eos, add_generation_prompt,
+                           arch=self._arch, tokenizer_adds_bos=self._adds_bos)
 
     def eos_tokens(self) -> set[int]:
         return set(self._eog)

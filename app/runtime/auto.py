@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.kv.sizes import KVShape, kv_bytes_per_token, max_context
+from app.engine.model.support import DENSE_ONLY
 from app.runtime.model_files import mem_available, scan_gguf
 
 AUTO = "auto"
@@ -58,25 +59,28 @@ def choose(settings, model_path: Path, engine: str, doc_tokens: int | None = Non
     ``engine`` ("ellm" | "llamacpp"); ``free_bytes`` defaults to MemAvailable."""
     layout = scan_gguf(model_path)
     trained = layout.context_length or NO_DOCUMENT_CONTEXT
-    kv = settings.kv if settings.kv != AUTO else (AUTO_KV if engine == "ellm" and doc_tokens else "f16")
+    # the blocked cache does not run every architecture (support.py DENSE_ONLY): f16 and dense there
+    blocked = engine == "ellm" and layout.architecture not in DENSE_ONLY
+    kv = settings.kv if settings.kv != AUTO else (AUTO_KV if blocked and doc_tokens else "f16")
     n_ctx, wanted, note = settings.n_ctx, 0, ""
     if n_ctx <= 0:
-        n_ctx, wanted, note = _auto_context(settings, layout, kv, engine, trained, doc_tokens, free_bytes)
+        n_ctx, wanted, note = _auto_context(settings, layout, kv, engine, trained, doc_tokens, free_bytes,
+                                            blocked)
     attention = settings.attention
     if attention == AUTO:
-        attention = "sparse" if engine == "ellm" and n_ctx > trained else "dense"
+        attention = "sparse" if blocked and n_ctx > trained else "dense"
     return Chosen(n_ctx, kv, attention, wanted, note)
 
 
 def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_tokens: int | None,
-                  free_bytes: int | None) -> tuple[int, int, str]:
+                  free_bytes: int | None, blocked: bool) -> tuple[int, int, str]:
     if not doc_tokens:
         return min(trained, NO_DOCUMENT_CONTEXT), 0, ""
     wanted = doc_tokens + PROMPT_ROOM + settings.max_tokens
     n_ctx = max(MIN_AUTO_CONTEXT, -(-wanted // CONTEXT_STEP) * CONTEXT_STEP)
     if wanted <= trained < n_ctx:
         n_ctx = trained          # rounding must not push a document that fits out of the trained window
-    if engine == "llamacpp" and n_ctx > trained:
+    if not blocked and n_ctx > trained:   # dense attention stays inside the trained window
         n_ctx = max(MIN_AUTO_CONTEXT, trained)
     free = mem_available() if free_bytes is None else free_bytes
     if free is not None:
@@ -87,7 +91,7 @@ def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_toke
     note = ""
     if n_ctx < wanted:
         why = (f"{engine} reads at most the model's trained {trained:,} tokens"
-               if engine == "llamacpp" and n_ctx == trained else "free memory allows a context of "
+               if not blocked and n_ctx == trained else "free memory allows a context of "
                f"{n_ctx:,} tokens")
         note = (f"the documents need a context of {wanted:,} tokens and {why}: the pages most relevant to "
                 f"the question are read")

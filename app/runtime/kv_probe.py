@@ -40,6 +40,7 @@ def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PRO
     tokens of ``doc`` (a store row) with the model at ``model_path``. Returns its
     ProbeResult, or None if cancelled; raises ProbeError saying what to change."""
     from app.engine.model.config import SUPPORTED_ARCHITECTURES
+    from app.engine.model.support import DENSE_ONLY
     from app.runtime.engines import thread_plan
     from app.runtime.model_files import ModelError, scan_gguf
 
@@ -57,7 +58,10 @@ def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PRO
         raise ProbeError(str(e)) from e
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ProbeError(f"{model_path.name}: the KV probe runs on eLLM's own engine, which implements "
-                         f"{' and '.join(SUPPORTED_ARCHITECTURES)} models, not '{arch}'; choose such a model")
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)} models, not '{arch}'; choose such a model")
+    if arch in DENSE_ONLY:
+        raise ProbeError(f"{model_path.name}: the KV probe compares the blocked cache's formats, which do not "
+                         f"implement the sliding-window layers of '{arch}'; choose another model")
     text = document_text(store, doc["id"])
     if not text.strip():
         raise ProbeError(f"{doc['path']}: the document has no text to probe")

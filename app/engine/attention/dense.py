@@ -168,8 +168,11 @@ def _weighted_values(p, v, n_kv, n_acc, acc, out):
                      ((acc[1, d] + acc[5, d]) + (acc[3, d] + acc[7, d]))
 
 
-def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, out):
-    """out[t, h] = softmax(q[t, h] . K[:pos0+t+1] * scale) @ V[:pos0+t+1]  for each query.
+def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
+    """out[t, h] = softmax(q[t, h] . K[j0:pos0+t+1] * scale) @ V[j0:pos0+t+1]  for each query,
+    j0 = 0, or with a sliding ``window`` the first of the last ``window`` positions (gemma3:
+    llama.cpp masks key p0 from query p1 when p1 - p0 >= n_swa, llama-hparams.cpp is_masked_swa;
+    masked keys add exp(-inf) = 0, so leaving them out is the same sum).
 
     q       # (T, H, HD) float32, RoPE applied, query t sits at position pos0 + t
     k_bits  # (L, KVH, C, HD) uint16 (f16 bits), positions < pos0 + T filled
@@ -185,9 +188,11 @@ def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, out):
     for item in prange(n_q * n_heads):
         t = item // n_heads
         h = item - t * n_heads
-        k = k_bits[layer, h // group]  # (C, HD) uint16
-        v = v_bits[layer, h // group]  # (C, HD) uint16
         n_kv = pos0 + t + 1
+        j0 = max(0, n_kv - window) if window > 0 else 0
+        k = k_bits[layer, h // group, j0:]  # (C - j0, HD) uint16
+        v = v_bits[layer, h // group, j0:]  # (C - j0, HD) uint16
+        n_kv -= j0
         q16 = np.empty(head_dim, dtype=np.float32)  # (HD,) q rounded to f16
         for d in range(head_dim):
             q16[d] = round_f16(q[t, h, d])
@@ -211,20 +216,25 @@ PARALLEL_MIN_WORK = 1 << 17
 # ---- Public API ------------------------------------------------------------------
 
 
-def attend(q: np.ndarray, cache: KVCache, layer: int, pos0: int, out: np.ndarray | None = None) -> np.ndarray:
+def attend(q: np.ndarray, cache: KVCache, layer: int, pos0: int, out: np.ndarray | None = None,
+           scale: float | None = None, window: int = 0) -> np.ndarray:
     """Causal attention of queries q (T, H, HD) float32 at positions pos0.. against the
-    cache of ``layer`` (which already holds their own keys/values). Returns (T, H, HD) float32."""
+    cache of ``layer`` (which already holds their own keys/values). Returns (T, H, HD) float32.
+    ``scale`` multiplies the scores (None: 1/sqrt(HD)); ``window`` > 0 lets each query see
+    only the last ``window`` positions, its own included (sliding-window layers)."""
     n_q, n_heads, head_dim = q.shape
     if out is None:
         out = np.empty(q.shape, dtype=np.float32)
-    scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))  # llama.cpp: 1.0f/sqrtf(float(n_embd_head))
-    work = n_q * n_heads * head_dim * (pos0 + n_q)
+    if scale is None:
+        scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))  # llama.cpp: 1.0f/sqrtf(float(n_embd_head))
+    n_keys = min(pos0 + n_q, window) if window > 0 else pos0 + n_q
+    work = n_q * n_heads * head_dim * n_keys
     kernel = _attend_parallel if work >= PARALLEL_MIN_WORK else _attend_serial
-    kernel(q, cache.k_bits, cache.v_bits, layer, pos0, scale, out)
+    kernel(q, cache.k_bits, cache.v_bits, layer, pos0, np.float32(scale), window, out)
     return out
 
 
-def attend_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> np.ndarray:
+def attend_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, window: int = 0) -> np.ndarray:
     """Plain-numpy reference of ``attend`` (same roundings, numpy's summation order).
 
     q  # (T, H, HD) float32;  k, v  # (KVH, n_kv, HD) float16 (n_kv >= pos0 + T)
@@ -236,9 +246,10 @@ def attend_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int) -> 
     q16 = q.astype(np.float16).astype(np.float32)
     for t in range(n_q):
         n_kv = pos0 + t + 1
+        j0 = max(0, n_kv - window) if window > 0 else 0
         for h in range(n_heads):
-            kk = k[h // group, :n_kv].astype(np.float32)  # (n_kv, HD)
-            vv = v[h // group, :n_kv].astype(np.float32)
+            kk = k[h // group, j0:n_kv].astype(np.float32)  # (n_kv - j0, HD)
+            vv = v[h // group, j0:n_kv].astype(np.float32)
             s = (kk @ q16[t, h]).astype(np.float32) * scale
             e = np.exp(s - s.max(), dtype=np.float32)
             p = (e * np.float32(1.0 / e.sum(dtype=np.float64))).astype(np.float16).astype(np.float32)

@@ -28,7 +28,13 @@ SUPPORTED_ARCHITECTURES = ARCHITECTURES   # model/support.py: what the engine ru
 # (rotate the first half against the second half). src/llama-model.cpp llama_model_rope_type.
 ROPE_NORMAL = 0
 ROPE_NEOX = 2
-_ROPE_TYPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX}
+_ROPE_TYPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma3": ROPE_NEOX}
+
+# Gemma 3: every 6th layer attends globally, the others through the sliding window, whose
+# RoPE base is fixed at 10000 (src/llama-model.cpp load_hparams, LLM_ARCH_GEMMA3:
+# set_swa_pattern(6), rope_freq_base_train_swa = 10000, rope_freq_scale_train_swa = 1).
+GEMMA3_SWA_PATTERN = 6
+GEMMA3_SWA_ROPE_BASE = 10000.0
 
 
 class UnsupportedModelError(ValueError):
@@ -65,6 +71,15 @@ class ModelConfig:
     rope_beta_slow: float = 1.0
     rope_orig_ctx: int = 0         # n_ctx_orig_yarn; 0 -> context_length
     tied_output: bool = True       # no output.weight: the token embedding is the lm head
+    # Per-architecture parts of the block (qwen3: qk_norm; gemma3: all of them).
+    qk_norm: bool = False          # RMS norm of each q and k head (attn_q_norm, attn_k_norm) before RoPE
+    post_norms: bool = False       # RMS norm of each sub-block's output before the residual add
+    ffn_act: str = "silu"          # "silu" (SwiGLU) | "gelu" (GeGLU, tanh approximation)
+    embd_scale: float = 1.0        # the embedding rows are multiplied by this (gemma: sqrt(D))
+    attn_scale: float = 0.0        # q is multiplied by this before attention; 0 -> 1/sqrt(HD)
+    sliding_window: int = 0        # keys a windowed layer's query sees (itself included); 0: none
+    swa_pattern: int = 0           # layer il is global when il % swa_pattern == swa_pattern - 1
+    rope_freq_base_swa: float = 0.0  # RoPE base of the windowed layers (their freq scale is 1)
     path: str = ""
 
     # derived in __post_init__
@@ -95,6 +110,10 @@ class ModelConfig:
             # the attention kernels work in 8-lane vectors, as llama.cpp's tinyBLAS does
             raise UnsupportedModelError(
                 f"{self.path}: head_dim {self.head_dim} is not a multiple of 8. " + llamacpp_hint(self.path))
+
+    def is_swa(self, layer: int) -> bool:
+        """Whether ``layer`` attends through the sliding window (llama_hparams::is_swa)."""
+        return self.sliding_window > 0 and layer % self.swa_pattern < self.swa_pattern - 1
 
     # ---- Construction -------------------------------------------------------
 
@@ -152,6 +171,7 @@ class ModelConfig:
             tied_output="output.weight" not in tensors,
             path=path,
             **rope,
+            **_block_parts(arch, key, dim, n_heads, head_dim, path),
         )
 
     # ---- Sizes --------------------------------------------------------------
@@ -162,6 +182,30 @@ class ModelConfig:
 
 
 _REQUIRED = object()
+
+
+def _block_parts(arch: str, key, dim: int, n_heads: int, head_dim: int, path: str) -> dict:
+    """The fields of the block that differ from llama's, per architecture (src/models/qwen3.cpp,
+    src/models/gemma3.cpp; hyper-parameters from src/llama-model.cpp load_hparams)."""
+    if arch == "qwen3":
+        return {"qk_norm": True}
+    if arch != "gemma3":
+        return {}
+    if key("final_logit_softcapping", None) or key("attn_logit_softcapping", None):
+        # llama.cpp's windowed gemma3 graph has no softcapping either; refuse rather than guess
+        raise UnsupportedModelError(f"{path}: gemma3 logit softcapping is not supported. " + llamacpp_hint(path))
+    n_layers = key("block_count")
+    # gemma_pytorch config.py (query_pre_attn_scalar), as llama.cpp resolves it: the 27B model
+    # (62 layers) scales by 1/sqrt(D / H), the others by 1/sqrt(HD). GGUF does not store it.
+    pre_attn = dim / n_heads if n_layers == 62 else head_dim
+    window = key("attention.sliding_window", 0)
+    return {
+        "qk_norm": True, "post_norms": True, "ffn_act": "gelu",
+        "embd_scale": float(np.float32(math.sqrt(dim))),   # ggml_scale by sqrtf(n_embd)
+        "attn_scale": float(np.float32(1.0) / np.sqrt(np.float32(pre_attn))),
+        "sliding_window": window, "swa_pattern": GEMMA3_SWA_PATTERN if window else 0,
+        "rope_freq_base_swa": GEMMA3_SWA_ROPE_BASE,
+    }
 
 
 def _field(reader: GGUFReader, name: str, path: str, default=_REQUIRED):

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from .gguf_file import GGUFLayout
 
-ARCHITECTURES = ("llama", "qwen2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 """``general.architecture`` values the transformer implements (model/transformer.py)."""
+
+DENSE_ONLY = frozenset({"gemma3"})
+"""Architectures the blocked KV cache (kv/blocked.py, sparse attention) does not implement:
+gemma3's sliding-window layers run on the f16 cache with dense attention only, and the blocked
+cache refuses them (Model.new_cache); the automatic settings choose f16 and dense for them."""
 
 WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                           "IQ4_XS", "F16", "BF16", "F32"})

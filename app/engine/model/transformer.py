@@ -2,22 +2,29 @@
 
 One forward pass handles a chunk of T tokens (prefill, matmul) or a single token (decode,
 matvec). The op order is llama.cpp's graph for these architectures (src/models/llama.cpp,
-src/models/qwen2.cpp, helpers in src/llama-graph.cpp):
+src/models/qwen2.cpp, qwen3.cpp, gemma3.cpp, helpers in src/llama-graph.cpp):
 
-  x = embd[tokens]
+  x = embd[tokens] (* sqrt(D): gemma3)
   per layer:  h  = rms_norm(x) * attn_norm
-              q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv);  q, k = rope(q), rope(k)
-              x  = x + Wo attention(q, K, V)
+              q, k, v = Wq h (+bq), Wk h (+bk), Wv h (+bv)
+              q, k = rms_norm(q) * q_norm, rms_norm(k) * k_norm, per head (qwen3, gemma3)
+              q, k = rope(q), rope(k)      (gemma3: base 10000 in the sliding-window layers)
+              a  = Wo attention(q, K, V)   (gemma3: q scaled first; a window in most layers)
+              x  = x + a                   (gemma3: x + rms_norm(a) * attn_post_norm)
               h  = rms_norm(x) * ffn_norm
-              x  = x + Wdown (silu(Wgate h) * Wup h)
+              f  = Wdown (act(Wgate h) * Wup h)     act: silu, gemma3: gelu (tanh)
+              x  = x + f                   (gemma3: x + rms_norm(f) * ffn_post_norm)
   logits = Wout (rms_norm(x) * output_norm) (+ output bias)
+
+The norm weights are used as the file stores them: llama.cpp's converter already wrote
+Gemma's (1 + w) into the GGUF (convert_hf_to_gguf.py, Gemma3Model.modify_tensors).
 
 Shape letters: see app/engine/model/config.py.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +38,7 @@ from ..attention.state import AttentionState
 from ..kv.blocked import BlockKVCache
 from ..kv.dense import KVCache
 from ..kv.formats import KVSpec
-from ..ops.norms import add_rms_norm_rows, rms_norm_rows, swiglu
+from ..ops.norms import add_rms_norm_rows, geglu, gelu_f16_table, rms_norm_rows, swiglu
 from ..ops.rope import RopeTables, rope_heads
 from ..quant import blas
 from ..quant.qmatrix import QMatrix
@@ -94,7 +101,11 @@ class LayerWeights:
     bk: np.ndarray          # (KVH*HD,) float32, or (0,)
     bv: np.ndarray          # (KVH*HD,) float32, or (0,)
     bo: np.ndarray          # (D,) float32, or (0,)
+    q_norm: np.ndarray      # (HD,) float32, or (0,) — qwen3, gemma3: RMS norm of each q head
+    k_norm: np.ndarray      # (HD,) float32, or (0,) — and of each k head
+    attn_post_norm: np.ndarray  # (D,) float32, or (0,) — gemma3: norm of the attention output
     ffn_norm: np.ndarray    # (D,) float32
+    ffn_post_norm: np.ndarray   # (D,) float32, or (0,) — gemma3: norm of the FFN output
     w_gate: QMatrix         # (F, D)
     w_up: QMatrix           # (F, D)
     w_down: QMatrix         # (D, F)
@@ -108,7 +119,7 @@ def _vector(t: ReaderTensor) -> np.ndarray:
 
 
 class Model:
-    """A llama/qwen2 model read from a GGUF file. Weights stay memory-mapped and quantized."""
+    """A llama/qwen2/qwen3/gemma3 model read from a GGUF file. Weights stay memory-mapped and quantized."""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
@@ -149,7 +160,11 @@ class Model:
                 bk=vector(f"blk.{i}.attn_k.bias", False),
                 bv=vector(f"blk.{i}.attn_v.bias", False),
                 bo=vector(f"blk.{i}.attn_output.bias", False),
+                q_norm=vector(f"blk.{i}.attn_q_norm.weight", c.qk_norm),
+                k_norm=vector(f"blk.{i}.attn_k_norm.weight", c.qk_norm),
+                attn_post_norm=vector(f"blk.{i}.post_attention_norm.weight", c.post_norms),
                 ffn_norm=vector(f"blk.{i}.ffn_norm.weight"),
+                ffn_post_norm=vector(f"blk.{i}.post_ffw_norm.weight", c.post_norms),
                 w_gate=matrix(f"blk.{i}.ffn_gate.weight"),
                 w_up=matrix(f"blk.{i}.ffn_up.weight"),
                 w_down=matrix(f"blk.{i}.ffn_down.weight"),
@@ -158,6 +173,11 @@ class Model:
         ]
         freq_factors = tensors.get("rope_freqs.weight")
         self.rope = RopeTables(c, None if freq_factors is None else _vector(freq_factors))
+        # gemma3's sliding-window layers: their own RoPE base, no frequency scaling
+        # (llama_model::get_rope_freq_base / get_rope_freq_scale of an SWA layer)
+        self.rope_swa = (RopeTables(replace(c, rope_freq_base=c.rope_freq_base_swa, rope_freq_scale=1.0))
+                         if c.sliding_window else None)
+        self.gelu_table = gelu_f16_table() if c.ffn_act == "gelu" else None   # (65536,) float32
         self.eps = np.float32(c.rms_eps)
         self.neox = c.rope_type == ROPE_NEOX
 
@@ -172,6 +192,11 @@ class Model:
         format ``kv`` otherwise (attended with an AttentionState: attention/state.py)."""
         if kv is None:
             return KVCache(self.config, n_ctx)
+        if self.config.sliding_window:
+            raise UnsupportedModelError(
+                f"{self.path}: the blocked KV cache ({kv.name}) does not implement the sliding-window "
+                f"layers of '{self.config.arch}'; use the f16 KV cache with dense attention "
+                "(--kv f16 --attention dense) or the llama.cpp engine (--engine llamacpp).")
         return BlockKVCache(self.config, n_ctx, kv)
 
     # ---- Forward pass ----------------------------------------------------------------
@@ -191,16 +216,26 @@ class Model:
         pos0 = cache.n_tokens
         if pos0 + n_tok > cache.n_ctx:
             raise ValueError(f"context full: {pos0 + n_tok} tokens > n_ctx {cache.n_ctx}")
+        c = self.config
         cos, sin = self.rope.rows(pos0, n_tok)   # (T, HD/2) float32 each
+        cos_swa, sin_swa = self.rope_swa.rows(pos0, n_tok) if self.rope_swa else (cos, sin)
 
         x = np.ascontiguousarray(self.tok_embd.rows(ids), dtype=np.float32)  # (T, D) residual stream
+        if c.embd_scale != 1.0:
+            x *= np.float32(c.embd_scale)        # gemma3: ggml_scale(inpL, sqrtf(n_embd))
         h = np.empty_like(x)                     # (T, D) normalised input of a sub-block
         pending = None                           # (T, D) output of the last sub-block, not yet added to x
         for il, lw in enumerate(self.layers):
             self._norm(x, pending, lw.attn_norm, h)
-            pending = self._attention_block(il, lw, h, cache, state, pos0, cos, sin)
+            swa = c.is_swa(il)
+            pending = self._attention_block(il, lw, h, cache, state, pos0, cos_swa if swa else cos,
+                                            sin_swa if swa else sin, c.sliding_window if swa else 0)
+            if lw.attn_post_norm.shape[0]:
+                rms_norm_rows(pending, lw.attn_post_norm, self.eps, pending)
             self._norm(x, pending, lw.ffn_norm, h)
             pending = self._ffn_block(lw, h)
+            if lw.ffn_post_norm.shape[0]:
+                rms_norm_rows(pending, lw.ffn_post_norm, self.eps, pending)
         self._norm(x, pending, self.output_norm, h)
         cache.commit(ids)
 
@@ -217,13 +252,18 @@ class Model:
         else:
             add_rms_norm_rows(x, pending, w, self.eps, out)
 
-    def _attention_block(self, il, lw: LayerWeights, h, cache, state, pos0, cos, sin) -> np.ndarray:
+    def _attention_block(self, il, lw: LayerWeights, h, cache, state, pos0, cos, sin, window) -> np.ndarray:
         """Wo · attention(rope(Wq h + bq), rope(Wk h + bk), Wv h + bv) (+ bo) -> (T, D) float32."""
         c = self.config
         n_tok = h.shape[0]
         q = _linear(lw.wq, h)   # (T, H*HD) float32
         k = _linear(lw.wk, h)   # (T, KVH*HD) float32
         v = _linear(lw.wv, h)   # (T, KVH*HD) float32
+        if lw.q_norm.shape[0]:
+            # qwen3/gemma3: each head RMS-normed before RoPE (src/models/qwen3.cpp: build_norm of the
+            # (HD, H, T) view, then ggml_rope_ext); no biases in these architectures
+            _head_norm(q, lw.q_norm, self.eps)
+            _head_norm(k, lw.k_norm, self.eps)
         if isinstance(cache, BlockKVCache):
             in_block = (pos0 + np.arange(n_tok)) % cache.block               # (T,) offsets in block
             table_cos, table_sin = self.rope.rows(0, cache.block)
@@ -236,18 +276,34 @@ class Model:
             _qkv_bias_rope(q, k, v, lw.bq, lw.bk, lw.bv, cos, sin, self.neox)
             cache.update(il, pos0, k, v)
             q = q.reshape(n_tok, c.n_heads, c.head_dim)                 # (T, H, HD) float32
-            att = attend(q, cache, il, pos0)                            # (T, H, HD) float32
+            scale = None
+            if c.attn_scale:
+                # gemma3: ggml_scale(Qcur, f_attention_scale) after RoPE, then scores times 1
+                q *= np.float32(c.attn_scale)
+                scale = 1.0
+            att = attend(q, cache, il, pos0, scale=scale, window=window)  # (T, H, HD) float32
         o = _linear(lw.wo, att.reshape(n_tok, c.q_dim))                 # (T, D) float32
         if lw.bo.shape[0]:
             o += lw.bo
         return o
 
     def _ffn_block(self, lw: LayerWeights, h) -> np.ndarray:
-        """Wdown (silu(Wgate h) * Wup h) -> (T, D) float32."""
+        """Wdown (act(Wgate h) * Wup h) -> (T, D) float32; act is silu, or gelu (gemma3)."""
         gate = _linear(lw.w_gate, h)   # (T, F) float32
         up = _linear(lw.w_up, h)       # (T, F) float32
-        swiglu(gate, up, gate)
+        if self.gelu_table is not None:
+            geglu(gate, up, self.gelu_table, gate)
+        else:
+            swiglu(gate, up, gate)
         return _linear(lw.w_down, gate)
+
+
+def _head_norm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> None:
+    """In place: x (T, n_heads*HD) float32, each HD-wide head RMS-normed and times w (HD,)."""
+    if not x.flags.c_contiguous:
+        raise ValueError("head norm needs a C-contiguous (T, n_heads*HD) array to work in place")
+    rows = x.reshape(-1, w.shape[0])        # (T*n_heads, HD) view of x
+    rms_norm_rows(rows, w, eps, rows)
 
 
 def _linear(w: QMatrix, x: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Elementwise kernels of the transformer block: RMS norm (with the residual add) and SwiGLU.
+"""Elementwise kernels of the transformer block: RMS norm (with the residual add), SwiGLU and GeGLU.
 
 Scalar loops in the order ggml-cpu runs them, so results agree bit for bit where the
 operations are the same IEEE ops (no fastmath: no reassociation, no FMA contraction).
@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit
 
 from .expf import silu8
+from .f16 import f32_to_f16
 from .simd import load8_2d, mul8, store8_2d
 
 
@@ -58,3 +59,34 @@ def swiglu(gate, up, out):
         for i in range(n_simd, n):
             g = gate[t, i]
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
+
+
+def gelu_f16_table() -> np.ndarray:
+    """(65536,) float32: gelu(x) for every f16 bit pattern x, rounded to f16, as ggml-cpu's
+    ggml_table_gelu_f16 (ggml-cpu.c ggml_cpu_init, vec.h ggml_gelu_f32: the tanh approximation
+    0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in f32)."""
+    f32 = np.float32
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # (65536,)
+    with np.errstate(all="ignore"):   # the NaN and inf patterns are never looked up (|x| < 10 only)
+        inner = (f32(0.79788456080286535587989211986876) * x) * (f32(1.0) + (f32(0.044715) * x) * x)
+        y = (f32(0.5) * x) * (f32(1.0) + np.tanh(inner, dtype=np.float32))
+        return y.astype(np.float16).astype(np.float32)
+
+
+@njit(cache=True, nogil=True)
+def geglu(gate, up, table, out):
+    """out = gelu(gate) * up — ggml_vec_geglu_f32 (vec.h, GGML_GELU_FP16): 0 for gate <= -10,
+    gate itself for gate >= 10, else the f16 table at gate rounded to f16.
+
+    gate, up, out  # (T, F) float32;  table  # (65536,) float32, gelu_f16_table()
+    """
+    n_tok, n = gate.shape
+    for t in range(n_tok):
+        for i in range(n):
+            x = gate[t, i]
+            if x <= np.float32(-10.0):
+                out[t, i] = np.float32(0.0)
+            elif x >= np.float32(10.0):
+                out[t, i] = x * up[t, i]
+            else:
+                out[t, i] = table[f32_to_f16(x)] * up[t, i]
