@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
 )
 
+from app.runtime.auto import AUTO, AUTO_KV
 from app.settings import ATTENTION, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
 from app.ui.widgets import info_label
 from app.ui.workers import Job, start
@@ -335,6 +336,8 @@ class SettingsDialog(QDialog):
             self._probe_message(str(e), True)
             return
         kv, threads, numa = self.kv.currentData(), self.threads.value(), self.numa.currentData()
+        if kv == AUTO:
+            kv = AUTO_KV        # what the automatic setting takes for documents on eLLM's engine
         store = self.session.store
 
         def work(ctl):  # a ProbeError's message reaches sig_error as it is
