@@ -138,7 +138,7 @@ def test_ask_uses_the_kv_and_attention_of_the_call_and_keeps_the_settings(cli, t
     from app.settings import Paths
     from app.session import Session
 
-    assert Session(Paths.resolve(data_dir)).settings.kv == "f16", "an option of one call is not saved"
+    assert Session(Paths.resolve(data_dir)).settings.kv == "auto", "an option of one call is not saved"
 
 
 @pytest.mark.parametrize("command", [("ask", "q", "--doc", "x"), ("complete", "p")])
