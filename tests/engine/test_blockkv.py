@@ -213,5 +213,7 @@ def test_loading_does_not_copy_the_cache_into_memory(tmp_path):
     load(fresh, path, {})
     grown = _rss() - before
     assert _mapped_rss(path) < 0.05 * size          # the blocks are mapped, not read in
-    assert grown < 0.25 * size, f"loading grew the process by {grown} bytes for a {size}-byte file"
+    # A copy would grow the process by the whole file; the checksum pass reads it in 16 MB chunks,
+    # and in a full test run other threads of the process allocate too (seen: 33 MB of 72 MB).
+    assert grown < 0.6 * size, f"loading grew the process by {grown} bytes for a {size}-byte file"
     assert fresh.n_tokens == n and fresh.nb_base == n // spec.block
