@@ -58,8 +58,7 @@ class EllmBackend:
         self.prefill_chunk = prefill_chunk
         self.stats = GenerationStats()
         self._shape = KVShape.from_config(self.model.config)
-        field = self.model.reader.get_field("tokenizer.chat_template")
-        self._template = field.contents() if field is not None else None
+        self._template = self.model.reader.value("tokenizer.chat_template")
         self._bos_text = self._special_text(self.tokenizer.bos_id)
         self._eos_text = self._special_text(self.tokenizer.eos_id)
 

@@ -153,6 +153,25 @@ def test_bit_exact_with_llamacpp_matmul(tiny_model, llama_cpp, llamacpp_exact_ma
     np.testing.assert_array_equal(ours_steps, ref_steps)
 
 
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_k_quant_logits_are_bit_exact_with_llamacpp(tiny_model, llama_cpp, arch, qtype):
+    """Q4_K and Q6_K, the formats of a Q4_K_M file, on an AVX2 machine: the same logits as
+    llama.cpp bit for bit, for a prompt in one batch (llama.cpp: Q4_K through its 8-row
+    repacked gemm, Q6_K through vec_dot) and for single-token decode steps (its gemv). Every
+    row count is a multiple of 8, as llama.cpp needs to repack (real models' are)."""
+    from app.engine.ops.simd_int import HAS_AVX2
+    if not HAS_AVX2:
+        pytest.skip("the bit-exact kernels are those of llama.cpp's AVX2 build")
+    path = tiny_model(arch, qtype, dim=256, ffn_dim=512)
+    ref_prompt, ref_steps = llama_logits(llama_cpp, path, PROMPT, STEPS)
+    model = Model(path)
+    assert model.layers[0].w_up.qtype == qtype
+    cache = model.new_cache(64)
+    np.testing.assert_array_equal(prefill(model, cache, PROMPT, all_logits=True), ref_prompt)
+    np.testing.assert_array_equal(np.stack([decode_one_token(model, cache, t) for t in STEPS]), ref_steps)
+
 # ---- Chunking and the KV cache ------------------------------------------------------------------
 
 

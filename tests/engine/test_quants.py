@@ -40,6 +40,8 @@ DENSE_TOL = {Q.Q4_0: 1e-2, Q.Q4_1: 1e-2, Q.Q5_0: 1e-2, Q.Q5_1: 1e-2, Q.Q8_0: 1e-
              Q.F32: 1e-5, Q.F16: 5e-4, Q.BF16: 4e-3}
 REF_RTOL = 1e-5  # same integer sums and scales; only float additions may be ordered differently
 LANE_EXACT = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)  # products bit-identical to llama.cpp's AVX2 kernels
+# Q6_K on AVX2: vec_dot's lanes below 8 tokens, the tiled kernel's order from 8 (quant/kquants_avx2.py).
+# Q4_K on AVX2 follows llama.cpp's repacked kernels, which a bare ggml_mul_mat does not take.
 # IQ4_NL: bit-identical to llama.cpp's batches (tinyBLAS: Q4_0's lanes and order) and to the
 # numpy formula; its one-token vec_dot adds even and odd blocks in two accumulators.
 BATCH_EXACT = (Q.IQ4_NL,)
@@ -391,7 +393,8 @@ def test_matmul_matches_llama_cpp_ggml_mul_mat(case, ggml_mul_mat, n_tok):
     x = make_acts(n_tok, N_IN, seed=n_tok)
     expected = ggml_mul_mat(raw, qtype, N_OUT, N_IN, x)
     got = m.matmul(x)
-    exact = qtype in LANE_EXACT or (qtype in BATCH_EXACT and n_tok > 1)
+    from app.engine.ops.simd_int import HAS_AVX2
+    exact = qtype in LANE_EXACT or (qtype in BATCH_EXACT and n_tok > 1) or (qtype == Q.Q6_K and HAS_AVX2)
     if exact and _x86_avx2_fma():
         assert np.array_equal(got, expected), f"{int((got != expected).sum())} outputs differ from llama.cpp"
     else:
@@ -408,13 +411,36 @@ def test_matmul_is_close_to_dense_f32(case):
 
 
 def test_matvec_agrees_with_matmul_row_by_row(case):
+    """Up to 3 tokens every type takes its one-token kernel for each token (llama.cpp too:
+    its repacked Q4_K takes gemm only for fours of tokens, its Q6_K the tiled path only from
+    8 tokens; see test_k_quant_batches_take_llamacpps_chains)."""
     _, _, m = case
-    x = make_acts(4, N_IN, seed=7)
+    x = make_acts(3, N_IN, seed=7)
     y = m.matmul(x)
-    for k in range(4):
+    for k in range(3):
         v = m.matvec(x[k])
         assert v.shape == (N_OUT,)
         assert np.array_equal(v, y[k])
+
+
+def test_k_quant_batches_take_llamacpps_chains():
+    """On AVX2, Q4_K multiplies a batch as llama.cpp's repacked kernels do: tokens in fours
+    through ggml_gemm_q4_K_8x8_q8_K (a float sum per 64 elements), the last n % 4 through
+    ggml_gemv_q4_K_8x8_q8_K (a float sum per super-block), so a token's outputs depend on its
+    place in the batch exactly as llama.cpp's do. (That these chains are llama.cpp's own is
+    checked on whole models: test_model.py test_k_quant_logits_are_bit_exact_with_llamacpp.)"""
+    from app.engine.ops.simd_int import HAS_AVX2
+    if not HAS_AVX2:
+        pytest.skip("the AVX2 kernels only")
+    raw = make_raw(Q.Q4_K, N_OUT, N_IN)
+    m = QMatrix.from_array(raw, Q.Q4_K)
+    x = make_acts(5, N_IN, seed=11)
+    y5, y4 = m.matmul(x), m.matmul(x[:4])
+    np.testing.assert_array_equal(y5[:4], y4)              # the first four: one gemm
+    np.testing.assert_array_equal(y5[4], m.matvec(x[4]))   # the fifth: gemv
+    gemv_rows = np.stack([m.matvec(x[k]) for k in range(4)])
+    assert not np.array_equal(gemv_rows, y4), "gemm and gemv add in different orders"
+    np.testing.assert_allclose(gemv_rows, y4, rtol=1e-5, atol=1e-5 * float(np.abs(y4).max()))
 
 
 def test_real_shapes_of_smollm2():
@@ -431,7 +457,10 @@ def test_real_shapes_of_smollm2():
 def test_subnormal_and_inf_scales_take_the_exact_conversion(qtype):
     """Planes of zeros and normal f16 convert with a shift and a multiply; a subnormal or inf
     scale must switch the matrix to the general conversion and still give the same results
-    (the shortcut would turn inf into 2**16 and, with DAZ set, subnormals into 0)."""
+    (the shortcut would turn inf into 2**16 and, with DAZ set, subnormals into 0). The AVX2
+    Q4_K kernels have no shortcut (vcvtph2ps converts every f16 exactly): same results."""
+    from app.engine.ops.simd_int import HAS_AVX2
+    split = not (qtype == Q.Q4_K and HAS_AVX2)
     raw = make_raw(qtype, N_OUT, N_IN).copy()
     assert QMatrix.from_array(raw, qtype).plain_scales
     if qtype == Q.F16:                          # the weights themselves are f16
@@ -446,7 +475,7 @@ def test_subnormal_and_inf_scales_take_the_exact_conversion(qtype):
         if qtype != Q.Q8_0:
             blocks[40, 0, 2:4] = [0x03, 0x80]   # m / dmin = -3 * 2**-24
     m = QMatrix.from_array(raw, qtype)
-    assert not m.plain_scales
+    assert m.plain_scales != split
     with np.errstate(invalid="ignore"):                   # inf * 0 in the row with d = inf
         expected = quants.dequantize(raw, qtype).reshape(N_OUT, N_IN).astype(F32)
     assert np.array_equal(m.dequantize().view(np.uint32), expected.view(np.uint32))

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader
 
+from .gguf_file import field_value
+
 from .support import ARCHITECTURES
 
 SUPPORTED_ARCHITECTURES = ARCHITECTURES   # model/support.py: what the engine runs
@@ -208,13 +210,14 @@ def _block_parts(arch: str, key, dim: int, n_heads: int, head_dim: int, path: st
     }
 
 
-def _field(reader: GGUFReader, name: str, path: str, default=_REQUIRED):
-    f = reader.get_field(name)
-    if f is None:
+def _field(reader, name: str, path: str, default=_REQUIRED):
+    """reader: a GGUFFile (model/gguf_file.py) or a gguf.GGUFReader."""
+    value = field_value(reader, name, _REQUIRED)
+    if value is _REQUIRED:
         if default is _REQUIRED:
             raise UnsupportedModelError(f"{path}: GGUF metadata key '{name}' is missing.")
         return default
-    return f.contents()
+    return value
 
 
 def _rope_scaling(scaling: str, factor: float, attn_factor: float, yarn_log_mul: float,

@@ -22,6 +22,7 @@ import re
 
 import gguf
 
+from .gguf_file import field_array, field_value
 from .pretokenize import (
     PRE_TOKENIZERS,
     byte_decode,
@@ -49,23 +50,13 @@ _ATTR_OF_TOKEN_TYPE = {  # gguf.TokenType -> attribute, as llama_vocab::impl::lo
 
 # ---- GGUF metadata
 
-def _scalar(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    value = field.parts[field.data[0]]
-    if field.types[0] == gguf.GGUFValueType.STRING:
-        return bytes(value).decode("utf-8")
-    return value[0].item()
+def _scalar(reader, key: str, default=None):
+    """reader: a GGUFFile (model/gguf_file.py) or a gguf.GGUFReader."""
+    return field_value(reader, key, default)
 
 
-def _array(reader: gguf.GGUFReader, key: str) -> list | None:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    if field.types[-1] == gguf.GGUFValueType.STRING:
-        return [bytes(field.parts[i]).decode("utf-8", "surrogateescape") for i in field.data]
-    return [field.parts[i][0].item() for i in field.data]
+def _array(reader, key: str) -> list | None:
+    return field_array(reader, key)
 
 
 _EOT_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
@@ -141,7 +132,7 @@ class Tokenizer:
             self._spm_cut = self._spm_cut_pattern()
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+    def from_gguf(cls, reader) -> Tokenizer:
         """Read the vocabulary and its rules as llama_vocab::impl::load does."""
         model = _scalar(reader, "tokenizer.ggml.model")
         pre = _scalar(reader, "tokenizer.ggml.pre") or "default"

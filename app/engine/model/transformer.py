@@ -28,8 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, quants
-from gguf.gguf_reader import ReaderTensor
+from gguf import GGMLQuantizationType, quants
 from numba import njit
 
 from ..attention.blocks import attend_blocks
@@ -43,7 +42,7 @@ from ..ops.rope import RopeTables, rope_heads
 from ..quant import blas
 from ..quant.qmatrix import QMatrix
 from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, llamacpp_hint
-from .gguf_file import scan_gguf
+from .gguf_file import GGUFFile, scan_gguf
 
 _NO_BIAS = np.zeros(0, dtype=np.float32)  # (0,) float32: "no bias" / "none" for the kernels
 
@@ -111,7 +110,7 @@ class LayerWeights:
     w_down: QMatrix         # (D, F)
 
 
-def _vector(t: ReaderTensor) -> np.ndarray:
+def _vector(t) -> np.ndarray:
     """A 1-D tensor (norm weight, bias) as float32 — a view when it is stored as F32."""
     if t.tensor_type == GGMLQuantizationType.F32:
         return np.asarray(t.data, dtype=np.float32).reshape(-1)
@@ -123,7 +122,7 @@ class Model:
 
     def __init__(self, path: str | Path):
         self.path = str(path)
-        self.reader = GGUFReader(self.path, "r")  # memory-mapped; tensors are views of the file
+        self.reader = GGUFFile(self.path)  # memory-mapped; tensors are views of the file
         self.config = ModelConfig.from_gguf(self.reader, self.path)
         c = self.config
         tensors = {t.name: t for t in self.reader.tensors}
@@ -308,9 +307,10 @@ def _head_norm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> None:
 
 def _linear(w: QMatrix, x: np.ndarray) -> np.ndarray:
     """x (T, n_in) float32 -> (T, n_out) float32 through the quantized weight matrix: the
-    bit-exact kernels for decode and short chunks, dequantized BLAS for long ones (blas.py)."""
+    bit-exact kernels for decode and short chunks, dequantized BLAS for long ones (blas.py)
+    unless the matrix's integer kernels are as fast for long chunks too (QMatrix.batches_fast)."""
     if x.shape[0] == 1:
         return w.matvec(x[0]).reshape(1, -1)
-    if x.shape[0] >= blas.BLAS_MIN_TOKENS:
+    if x.shape[0] >= blas.BLAS_MIN_TOKENS and not w.batches_fast:
         return blas.matmul(w, x)
     return w.matmul(x)

@@ -85,7 +85,7 @@ class _Vec8Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, V8F)
 
 
-def _elem_ptr(context, builder, arrty, arr, idx):
+def elem_ptr(context, builder, arrty, arr, idx):
     ary = context.make_array(arrty)(context, builder, value=arr)
     return cgutils.get_item_pointer(context, builder, arrty, ary, idx)
 
@@ -115,7 +115,7 @@ def splat8(typingctx, x):
 
 
 def _load8_codegen(context, builder, sig, args):
-    ptr = _elem_ptr(context, builder, sig.args[0], args[0], list(args[1:]))
+    ptr = elem_ptr(context, builder, sig.args[0], args[0], list(args[1:]))
     if sig.args[0].dtype == types.float32:
         return builder.load(builder.bitcast(ptr, V8F.as_pointer()), align=4)
     bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 8).as_pointer()), align=2)
@@ -147,7 +147,7 @@ def store8_2d(typingctx, v, arr, i, j):
         return None
 
     def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[1], args[1], [args[2], args[3]])
+        ptr = elem_ptr(context, builder, sig.args[1], args[1], [args[2], args[3]])
         builder.store(args[0], builder.bitcast(ptr, V8F.as_pointer()), align=4)
         return context.get_dummy_value()
 
@@ -219,7 +219,7 @@ def store8(typingctx, v, arr, i):
         return None
 
     def codegen(context, builder, sig, args):
-        ptr = _elem_ptr(context, builder, sig.args[1], args[1], [args[2]])
+        ptr = elem_ptr(context, builder, sig.args[1], args[1], [args[2]])
         builder.store(args[0], builder.bitcast(ptr, V8F.as_pointer()), align=4)
         return context.get_dummy_value()
 

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot binds to it)
 from numba import njit, prange
 
-from . import floats, iquants, kquants, kquants_low, legacy
+from . import floats, iquants, kquants, kquants_avx2, kquants_low, legacy
 from .layout import chunk_groups, num_threads
 from .qmatrix import QMatrix
 
@@ -159,7 +159,22 @@ def _rows_float(wt, kind, n_out, n_parts, out):
         floats.rows_float(wt, kind, n_out, np.arange(r0, r1), out[r0:r1])
 
 
-_PARALLEL_ROWS = {legacy.rows_q4: _rows_q4, legacy.rows_q5: _rows_q5, legacy.rows_q8_0: _rows_q8_0,
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_q4_k_x8(x8, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        kquants_avx2.rows_q4_k_x8(x8, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rows_q6_k_rows(raw, n_out, n_parts, out):
+    for c in prange(n_parts):
+        r0, r1 = chunk_groups(c, n_parts, n_out)
+        kquants_avx2.rows_q6_k_rows(raw, n_out, np.arange(r0, r1), out[r0:r1])
+
+
+_PARALLEL_ROWS = {kquants_avx2.rows_q4_k_x8: _rows_q4_k_x8, kquants_avx2.rows_q6_k_rows: _rows_q6_k_rows,
+                  legacy.rows_q4: _rows_q4, legacy.rows_q5: _rows_q5, legacy.rows_q8_0: _rows_q8_0,
                   kquants.rows_q45_k: _rows_q45_k, kquants.rows_q6_k: _rows_q6_k,
                   kquants_low.rows_q2_k: _rows_q2_k, kquants_low.rows_q3_k: _rows_q3_k,
                   iquants.rows_iq4_nl: _rows_iq4_nl, iquants.rows_iq4_xs: _rows_iq4_xs,

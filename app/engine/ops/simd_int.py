@@ -1,0 +1,320 @@
+"""AVX2 integer vectors for the engine's numba kernels: the instructions llama.cpp's quantized
+dot products are made of, so that our K-quant products are the same integers, added in the
+same float order, and as fast.
+
+``vec8i`` is an LLVM <8 x i32> (one ymm register), made and consumed only by these intrinsics;
+the byte and 16-bit views an instruction needs are bitcasts of it. The instructions are those
+of ggml-cpu's x86 kernels (arch/x86/quants.c, arch/x86/repack.cpp):
+
+    maddubs   _mm256_maddubs_epi16  unsigned bytes x signed bytes, adjacent pairs summed to i16
+    madd16    _mm256_madd_epi16     i16 x i16, adjacent pairs summed to i32
+    add16     _mm256_add_epi16      (wrapping; callers keep sums below 2**15)
+
+The two multiply-adds exist only on x86 with AVX2 (``HAS_AVX2``); kernels built on them are
+chosen by quant/qmatrix.py only there, and the portable kernels serve everywhere else.
+"""
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.datamodel import models
+from numba.extending import intrinsic, register_model
+
+from .simd import V8F, elem_ptr, vec8
+
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+V32I8 = ir.VectorType(I8, 32)
+V16I16 = ir.VectorType(I16, 16)
+V8I = ir.VectorType(I32, 8)
+
+
+def _host_has_avx2() -> bool:
+    try:
+        features = llvm.get_host_cpu_features()
+    except RuntimeError:          # no feature list on this host: take the portable kernels
+        return False
+    return bool(features.get("avx2")) and bool(features.get("fma")) and bool(features.get("f16c"))
+
+
+HAS_AVX2 = _host_has_avx2()
+
+
+class Vec8iType(types.Type):
+    def __init__(self):
+        super().__init__(name="vec8i32")
+
+
+vec8i = Vec8iType()
+
+
+@register_model(Vec8iType)
+class _Vec8iModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, V8I)
+
+
+_BYTES = (types.uint8, types.int8)
+_WORDS = (types.int32, types.uint32)
+_HALVES = (types.int16,)
+
+
+def _flat(arr, dtypes) -> bool:
+    return isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 1 and arr.dtype in dtypes
+
+
+def _splat(builder, value, ty=V8I, lanes=8):
+    v = builder.insert_element(ir.Constant(ty, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(ty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def _as_i32(builder, value, ty):
+    """An integer scalar of numba type ty as an LLVM i32 (truncated or extended)."""
+    width = value.type.width
+    if width > 32:
+        return builder.trunc(value, I32)
+    if width < 32:
+        return builder.sext(value, I32) if ty.signed else builder.zext(value, I32)
+    return value
+
+
+# ---- loads ------------------------------------------------------------------------------
+
+@intrinsic
+def load256(typingctx, arr, i):
+    """32 bytes from a flat array at element i: 32 uint8/int8, 16 int16 or 8 int32/uint32
+    (unaligned, vmovdqu)."""
+    if not (_flat(arr, _BYTES + _HALVES + _WORDS) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        return builder.load(builder.bitcast(ptr, V8I.as_pointer()), align=1)
+
+    return vec8i(arr, i), codegen
+
+
+@intrinsic
+def bcast32(typingctx, arr, i):
+    """The 4 bytes at byte i of a flat uint8/int8 array, or element i of an int32/uint32
+    array, in all 8 lanes (vpbroadcastd)."""
+    if not (_flat(arr, _BYTES + _WORDS) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        return _splat(builder, builder.load(builder.bitcast(ptr, I32.as_pointer()), align=1))
+
+    return vec8i(arr, i), codegen
+
+
+@intrinsic
+def load_f16x8(typingctx, arr, i):
+    """8 f16 bit patterns at byte i of a flat uint8 array, as 8 float32 (vcvtph2ps: exact)."""
+    if not (_flat(arr, _BYTES) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        bits = builder.load(builder.bitcast(ptr, ir.VectorType(I16, 8).as_pointer()), align=1)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 8)), V8F)
+
+    return vec8(arr, i), codegen
+
+
+@intrinsic
+def load_f16(typingctx, arr, i):
+    """The f16 bit pattern at byte i of a flat uint8 array, as a float32 (exact)."""
+    if not (_flat(arr, _BYTES) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        bits = builder.load(builder.bitcast(ptr, I16.as_pointer()), align=1)
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+
+    return types.float32(arr, i), codegen
+
+
+@intrinsic
+def scale_halves(typingctx, arr, i):
+    """Signed bytes arr[i] and arr[i + 1] of a flat uint8/int8 array as 16 int16 lanes:
+    the first 8 hold arr[i], the last 8 arr[i + 1] (Q6_K's two scales of a 32-byte vector:
+    _mm256_cvtepi8_epi16 of _mm_shuffle_epi8(scales, get_scale_shuffle(k)))."""
+    if not (_flat(arr, _BYTES) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        lo = builder.sext(builder.load(ptr), I16)
+        hi = builder.sext(builder.load(builder.gep(ptr, [ir.Constant(I32, 1)])), I16)
+        v8 = ir.VectorType(I16, 8)
+        both = builder.shuffle_vector(_splat(builder, lo, v8), _splat(builder, hi, v8),
+                                      ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+        return builder.bitcast(both, V8I)
+
+    return vec8i(arr, i), codegen
+
+
+@intrinsic
+def splat32(typingctx, x):
+    """An integer scalar (as int32) in all 8 lanes."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, _as_i32(builder, args[0], sig.args[0]))
+
+    return vec8i(x), codegen
+
+
+@intrinsic
+def zero8i(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(V8I, [0] * 8)
+
+    return vec8i(), codegen
+
+
+# ---- lane-wise integer operations ---------------------------------------------------------
+
+def _binary(op):
+    def typer(typingctx, a, b):
+        if not (a == b == vec8i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return op(builder, args[0], args[1])
+
+        return vec8i(a, b), codegen
+
+    return intrinsic(typer)
+
+
+vand = _binary(lambda b, x, y: b.and_(x, y))
+vor = _binary(lambda b, x, y: b.or_(x, y))
+add32 = _binary(lambda b, x, y: b.add(x, y))
+sub32 = _binary(lambda b, x, y: b.sub(x, y))
+add16 = _binary(lambda b, x, y: b.bitcast(b.add(b.bitcast(x, V16I16), b.bitcast(y, V16I16)), V8I))
+
+
+def _shift(op):
+    def typer(typingctx, a, n):
+        if not (a == vec8i and isinstance(n, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return op(builder, args[0], _splat(builder, _as_i32(builder, args[1], sig.args[1])))
+
+        return vec8i(a, n), codegen
+
+    return intrinsic(typer)
+
+
+srl32 = _shift(lambda b, x, n: b.lshr(x, n))   # logical shift right of each 32-bit lane
+sll32 = _shift(lambda b, x, n: b.shl(x, n))
+
+
+def _x86(name, ret, arg):
+    def typer(typingctx, a, b):
+        if not (a == b == vec8i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [arg, arg]), name)
+            out = builder.call(fn, [builder.bitcast(args[0], arg), builder.bitcast(args[1], arg)])
+            return builder.bitcast(out, V8I)
+
+        return vec8i(a, b), codegen
+
+    return intrinsic(typer)
+
+
+maddubs = _x86("llvm.x86.avx2.pmadd.ub.sw", V16I16, V32I8)  # (u8 a) x (i8 b) -> i16 pairs, saturating
+madd16 = _x86("llvm.x86.avx2.pmadd.wd", V8I, V16I16)        # i16 x i16 -> i32 pairs
+
+
+@intrinsic
+def sext8to16(typingctx, arr, i):
+    """16 bytes at byte i of a flat int8 (or uint8, read as signed) array, sign-extended to
+    16 int16 lanes (_mm256_cvtepi8_epi16)."""
+    if not (_flat(arr, _BYTES) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        v = builder.load(builder.bitcast(ptr, ir.VectorType(I8, 16).as_pointer()), align=1)
+        return builder.bitcast(builder.sext(v, V16I16), V8I)
+
+    return vec8i(arr, i), codegen
+
+
+@intrinsic
+def to_f32(typingctx, a):
+    """The 8 int32 lanes as float32 (vcvtdq2ps, round to nearest)."""
+    if a != vec8i:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], V8F)
+
+    return vec8(a), codegen
+
+
+@intrinsic
+def sub8(typingctx, a, b):
+    """Lane-wise float32 a - b."""
+    if not (a == b == vec8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fsub(args[0], args[1])
+
+    return vec8(a, b), codegen
+
+
+@intrinsic
+def hsum32(typingctx, a):
+    """The sum of the 8 int32 lanes (wrapping in int32, as _mm_add_epi32 does), as int32."""
+    if a != vec8i:
+        return None
+
+    def codegen(context, builder, sig, args):
+        lanes = [builder.extract_element(args[0], ir.Constant(I32, i)) for i in range(8)]
+        total = lanes[0]
+        for v in lanes[1:]:
+            total = builder.add(total, v)
+        return total
+
+    return types.int32(a), codegen
+
+
+@intrinsic
+def lane32(typingctx, a, k):
+    """Lane k of a as an int64 (tests and horizontal sums)."""
+    if not (a == vec8i and isinstance(k, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sext(builder.extract_element(args[0], _as_i32(builder, args[1], sig.args[1])), ir.IntType(64))
+
+    return types.int64(a, k), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """Ask for the cache line holding arr[i] ahead of its use (prefetcht0); no effect on
+    results, and no fault if i lies past the end."""
+    if not (isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 1 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), I32, I32, I32]), "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, ir.IntType(8).as_pointer()), ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, i), codegen

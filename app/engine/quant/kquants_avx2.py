@@ -1,0 +1,366 @@
+"""Q4_K and Q6_K products with AVX2's byte multiply-adds, equal bit for bit to what llama.cpp
+computes for the same weights on an AVX2 machine.
+
+These two formats carry almost all of a Q4_K_M model's bytes (Qwen2.5-1.5B: 0.77 GB Q4_K,
+0.31 GB Q6_K), and a decode step reads every one of them, so their kernels decide the speed.
+The portable kernels of quant/kquants.py widen each 4-bit weight to 16 bits and multiply one
+at a time; here ``vpmaddubsw`` multiplies 32 weight bytes by 32 activation bytes and adds
+them in pairs in one instruction, as llama.cpp does.
+
+Which of llama.cpp's kernels (ggml-cpu, arch/x86) and why the results are equal:
+
+Q4_K: llama.cpp repacks the weights of 8 rows side by side (repack.cpp, ``block_q4_Kx8``)
+    and multiplies them with ``ggml_gemv_q4_K_8x8_q8_K``. Per row and super-block of 256 it
+    forms two exact integers, I = sum_s sc_s * sum(q * a) and M = sum_s m_s * bsum_s, then
+        acc  = fma(float(I), d_w * d_x, acc)       accm = fma(float(M), dmin_w * d_x, accm)
+    in super-block order, and returns acc - accm. The integers do not depend on how they are
+    summed, and each row's floats are a chain of their own, so any layout that gives every
+    row the same chain gives the same bits. Ours (``repack_q4_k_x8``) keeps 8 rows per group
+    too, one super-block of the group in 1152 contiguous bytes:
+        [0, 16)     d of the 8 rows (f16)          [16, 32)  dmin of the 8 rows (f16)
+        [32, 128)   the 12 scale bytes as 3 words, word w of row r at 32 + 4 (8 w + r)
+        [128, 1152) quants: for chunk c < 4 (64 elements) and k < 8, 32 bytes holding
+                    qs[32 c + 4 k .. + 4] of rows 0..7, so a 32-bit lane is one row
+    A lane's low nibbles are elements 64c + 4k .. + 4 and its high nibbles the same + 32: one
+    vpmaddubsw against the 4 activations broadcast, and 8 of them make a sub-block.
+Q6_K: no repack on x86; ``ggml_vec_dot_q6_K_q8_K`` runs along each row. Its 8 int32 lanes
+    are partial sums over fixed element sets (lane L: bytes 4L..4L+3 of each 32-byte vector,
+    minus 32 * (bsum_2L sc_2L + bsum_2L+1 sc_2L+1)); each lane gets fma(d_x * d_w, float, .)
+    per super-block, and the row ends with hsum_float_8. The lanes' integers are not the
+    same as any other split's, so ``_q6_row`` repeats those instructions on the GGUF blocks
+    as they are (no repack, no copy).
+
+Activations are Q8_K (quant/activations.py quantize_q8_k, llama.cpp's quantize_row_q8_K),
+handed over as int8 bytes with their bsums in the forms the kernels load.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..cpu.numa import placed_empty
+from ..ops.f16 import decode_f16
+from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
+from ..ops.simd_int import (add16, add32, bcast32, hsum32, load256, load_f16, load_f16x8, madd16, maddubs,
+                            prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8, to_f32, vand,
+                            vor, zero8i)
+from .activations import quantize_q8_k
+from .layout import chunk_groups
+
+QK_K = 256
+ROWS_X8 = 8                      # rows of a Q4_K group
+Q4K_BYTES = 144                  # block_q4_K
+Q4K_X8_BYTES = ROWS_X8 * Q4K_BYTES
+Q6K_BYTES = 210                  # block_q6_K
+TILED_MIN_BATCH = 8              # ggml-cpu tiled/tiled.cpp ggml_tiled_min_batch
+PREFETCH_AHEAD = 4 * Q4K_X8_BYTES
+
+
+# ---- Q4_K: repack (numpy, once at load) ------------------------------------------------------
+
+def repack_q4_k_x8(raw, n_out, n_in):
+    """raw (n_out, n_in // 256 * 144) uint8 GGUF rows -> {"x8": (groups * nsb * 1152,) uint8} in
+    the layout above; a last group of fewer than 8 rows is filled with zero rows."""
+    nsb = n_in // QK_K
+    groups = -(-n_out // ROWS_X8)
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(n_out, nsb, Q4K_BYTES)
+    if groups * ROWS_X8 != n_out:
+        blocks = np.concatenate([blocks, np.zeros((groups * ROWS_X8 - n_out, nsb, Q4K_BYTES), np.uint8)])
+    b = blocks.reshape(groups, ROWS_X8, nsb, Q4K_BYTES)
+    out = placed_empty(groups * nsb * Q4K_X8_BYTES, np.uint8).reshape(groups, nsb, Q4K_X8_BYTES)
+    out[:, :, 0:16].reshape(groups, nsb, 8, 2)[...] = b[..., 0:2].transpose(0, 2, 1, 3)
+    out[:, :, 16:32].reshape(groups, nsb, 8, 2)[...] = b[..., 2:4].transpose(0, 2, 1, 3)
+    out[:, :, 32:128].reshape(groups, nsb, 3, 8, 4)[...] = (
+        b[..., 4:16].reshape(groups, 8, nsb, 3, 4).transpose(0, 2, 3, 1, 4))
+    out[:, :, 128:].reshape(groups, nsb, 4, 8, 8, 4)[...] = (
+        b[..., 16:].reshape(groups, 8, nsb, 4, 8, 4).transpose(0, 2, 3, 4, 1, 5))
+    return {"x8": out.reshape(-1)}
+
+
+# ---- activations ------------------------------------------------------------------------------
+
+@njit(nogil=True, cache=True)
+def quantize_acts(x, xq, dk, bs_pairs, bs16):
+    """Q8_K activations (quantize_q8_k) in the forms these kernels load.
+
+    x         # (n_tok, n_in) float32
+    xq        # (n_tok * n_in,) int8 out
+    dk        # (n_tok, nsb) float32 out
+    bs_pairs  # (n_tok * nsb * 4,) int32 out: for Q4_K's mins, word j of a super-block holds
+              # bsum of sub-block 2j (low 16 bits) and 2j + 1 (high), a sub-block's bsum being
+              # the sum of its 32 activations (< 2**12 in magnitude)
+    bs16      # (n_tok * nsb * 16,) int16 out: block_q8_K.bsums, for Q6_K
+    """
+    n_tok, n_in = x.shape
+    nsb = n_in // QK_K
+    x16 = np.empty((n_tok, n_in), np.int16)          # (n_tok, n_in) int16
+    bsums = np.empty((n_tok, nsb * 16), np.int32)    # (n_tok, nsb * 16) int32
+    quantize_q8_k(x, x16, dk, bsums)
+    for t in range(n_tok):
+        for j in range(n_in):
+            xq[t * n_in + j] = np.int8(x16[t, j])
+        for g in range(nsb * 16):
+            bs16[t * nsb * 16 + g] = np.int16(bsums[t, g])
+        for p in range(nsb * 4):
+            lo = bsums[t, 4 * p] + bsums[t, 4 * p + 1]
+            hi = bsums[t, 4 * p + 2] + bsums[t, 4 * p + 3]
+            bs_pairs[t * nsb * 4 + p] = np.int32((lo & 0xFFFF) | (hi << 16))
+
+
+@njit(nogil=True, cache=True)
+def _act_buffers(n_tok, n_in):
+    nsb = n_in // QK_K
+    return (np.empty(n_tok * n_in, np.int8), np.empty((n_tok, nsb), np.float32),
+            np.empty(n_tok * nsb * 4, np.int32), np.empty(n_tok * nsb * 16, np.int16))
+
+
+# ---- Q4_K kernel ------------------------------------------------------------------------------
+
+@njit(nogil=True, cache=True, inline="always")
+def _byte_in_halves(v, j):
+    """Byte j of each 32-bit lane of v, in both 16-bit halves of the lane (a sub-block's
+    scale for vpmaddwd)."""
+    t = vand(srl32(v, 8 * j), splat32(0xFF))
+    return vor(t, sll32(t, 16))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bytes_as_halves(v, h):
+    """Bytes 2h and 2h + 1 of each 32-bit lane of v as its two 16-bit halves (two mins)."""
+    t = srl32(v, 16 * h)
+    return vor(vand(t, splat32(0xFF)), sll32(vand(t, splat32(0xFF00)), 8))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q4k_chunk(x8, qbase, xq, xbase):
+    """One 64-element chunk of 8 rows: (sum lo * x over the low sub-block, the same for the
+    high one) as 16 int16 lanes each, two per row (8 vpmaddubsw of 2 products of at most
+    15 * 127: below 2**15)."""
+    m4 = splat32(0x0F0F0F0F)
+    lo = zero8i()
+    hi = zero8i()
+    for k in range(8):
+        w = load256(x8, qbase + 32 * k)
+        lo = add16(lo, maddubs(vand(w, m4), bcast32(xq, xbase + 4 * k)))
+        hi = add16(hi, maddubs(vand(srl32(w, 4), m4), bcast32(xq, xbase + 32 + 4 * k)))
+    return lo, hi
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm):
+    """Every token against the 8 rows of group g: acc / accm (n_tok * 8,) float32 get the
+    float chains of llama.cpp's repacked Q4_K product. ggml (repack.cpp forward_mul_mat_one_chunk)
+    multiplies a batch's tokens in fours with ggml_gemm_q4_K_8x8_q8_K, which adds each 64-element
+    chunk's integer into the float sums, and the last n % 4 tokens (every token of a batch of
+    3 or fewer) with ggml_gemv_q4_K_8x8_q8_K, which adds once per super-block."""
+    n_tok = dk.shape[0]
+    n_gemm = n_tok - n_tok % 4
+    m6 = splat32(0x3F3F3F3F)
+    m4 = splat32(0x0F0F0F0F)
+    m2 = splat32(0x03030303)
+    for b in range(nsb):
+        base = (g * nsb + b) * Q4K_X8_BYTES
+        for ahead in range(0, Q4K_X8_BYTES, 64):
+            prefetch(x8, base + PREFETCH_AHEAD + ahead)
+        dw = load_f16x8(x8, base)
+        dm = load_f16x8(x8, base + 16)
+        u0 = load256(x8, base + 32)
+        u1 = load256(x8, base + 64)
+        u2 = load256(x8, base + 96)
+        # get_scale_min_k4 on whole words (repack.cpp's utmp): scales 0-3, 4-7, mins 0-3, 4-7
+        s_lo = vand(u0, m6)
+        s_hi = vor(vand(u2, m4), sll32(vand(srl32(u0, 6), m2), 4))
+        n_lo = vand(u1, m6)
+        n_hi = vor(vand(srl32(u2, 4), m4), sll32(vand(srl32(u1, 6), m2), 4))
+        mins = (_bytes_as_halves(n_lo, 0), _bytes_as_halves(n_lo, 1),
+                _bytes_as_halves(n_hi, 0), _bytes_as_halves(n_hi, 1))
+        sc = (_byte_in_halves(s_lo, 0), _byte_in_halves(s_lo, 1), _byte_in_halves(s_lo, 2),
+              _byte_in_halves(s_lo, 3), _byte_in_halves(s_hi, 0), _byte_in_halves(s_hi, 1),
+              _byte_in_halves(s_hi, 2), _byte_in_halves(s_hi, 3))
+        for t in range(n_tok):
+            xbase = t * n_in + b * QK_K
+            pb = (t * nsb + b) * 4
+            dx = splat8(dk[t, b])
+            dxw = mul8(dw, dx)
+            dxm = mul8(dm, dx)
+            a = load8(acc, 8 * t)
+            am = load8(accm, 8 * t)
+            if t < n_gemm:
+                # ggml_gemm_q4_K_8x8_q8_K: one fma per 64-element chunk
+                for c in range(4):
+                    lo, hi = _q4k_chunk(x8, base + 128 + 256 * c, xq, xbase + 64 * c)
+                    a = fma8(to_f32(add32(madd16(lo, sc[2 * c]), madd16(hi, sc[2 * c + 1]))), dxw, a)
+                    am = fma8(to_f32(madd16(mins[c], bcast32(bs_pairs, pb + c))), dxm, am)
+            else:
+                # ggml_gemv_q4_K_8x8_q8_K: one fma per super-block
+                iacc = zero8i()
+                imin = zero8i()
+                for c in range(4):
+                    lo, hi = _q4k_chunk(x8, base + 128 + 256 * c, xq, xbase + 64 * c)
+                    iacc = add32(iacc, add32(madd16(lo, sc[2 * c]), madd16(hi, sc[2 * c + 1])))
+                    imin = add32(imin, madd16(mins[c], bcast32(bs_pairs, pb + c)))
+                a = fma8(to_f32(iacc), dxw, a)
+                am = fma8(to_f32(imin), dxm, am)
+            store8(a, acc, 8 * t)
+            store8(am, accm, 8 * t)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q4_k_x8(x8, n_out, n_chunks, x, out):
+    """Q4_K weights (repack_q4_k_x8) x Q8_K activations.
+
+    x8        # (groups * nsb * 1152,) uint8
+    n_chunks  # runs of groups, one per thread
+    x         # (n_tok, n_in) float32
+    out       # (n_tok, n_out) float32
+    """
+    n_tok, n_in = x.shape
+    nsb = n_in // QK_K
+    xq, dk, bs_pairs, bs16 = _act_buffers(n_tok, n_in)
+    quantize_acts(x, xq, dk, bs_pairs, bs16)
+    n_groups = (n_out + ROWS_X8 - 1) // ROWS_X8
+    for c in prange(n_chunks):
+        acc = np.empty(n_tok * 8, np.float32)       # (n_tok, 8) float32
+        accm = np.empty(n_tok * 8, np.float32)      # (n_tok, 8) float32
+        row = np.empty(8, np.float32)               # (8,) float32
+        g0, g1 = chunk_groups(c, n_chunks, n_groups)
+        for g in range(g0, g1):
+            acc[:] = 0
+            accm[:] = 0
+            _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm)
+            w = min(ROWS_X8, n_out - g * ROWS_X8)
+            for t in range(n_tok):
+                store8(sub8(load8(acc, 8 * t), load8(accm, 8 * t)), row, 0)
+                for i in range(w):
+                    out[t, g * ROWS_X8 + i] = row[i]
+
+
+@njit(nogil=True, cache=True)
+def rows_q4_k_x8(x8, n_out, ids, out):
+    """Dequantized rows, bit-exact with gguf.quants: (d * sc) * q - (dmin * m).
+
+    x8   # (groups * nsb * 1152,) uint8
+    ids  # (n_ids,) int64
+    out  # (n_ids, n_in) float32
+    """
+    nsb = out.shape[1] // QK_K
+    h = np.empty(2, np.uint16)                 # (2,) uint16
+    f = np.empty(2, np.float32)                # (2,) float32: d, dmin
+    sb = np.empty(12, np.int32)                # (12,) int32 scale bytes of the row
+    for n in range(ids.shape[0]):
+        g, r = ids[n] // ROWS_X8, ids[n] % ROWS_X8
+        for b in range(nsb):
+            base = (g * nsb + b) * Q4K_X8_BYTES
+            h[0] = np.uint16(x8[base + 2 * r]) | (np.uint16(x8[base + 2 * r + 1]) << 8)
+            h[1] = np.uint16(x8[base + 16 + 2 * r]) | (np.uint16(x8[base + 17 + 2 * r]) << 8)
+            decode_f16(h, f)
+            for k in range(12):
+                sb[k] = x8[base + 32 + 4 * (8 * (k // 4) + r) + k % 4]
+            for c in range(4):
+                for half in range(2):
+                    s = 2 * c + half
+                    if s < 4:
+                        sc, mn = sb[s] & 63, sb[s + 4] & 63
+                    else:
+                        sc = (sb[s + 4] & 15) | ((sb[s - 4] >> 6) << 4)
+                        mn = (sb[s + 4] >> 4) | ((sb[s] >> 6) << 4)
+                    dl = f[0] * np.float32(sc)
+                    ml = f[1] * np.float32(mn)
+                    for l in range(32):
+                        q = np.int32(x8[base + 128 + c * 256 + (l // 4) * 32 + 4 * r + l % 4])
+                        q = (q >> 4) if half else (q & 15)
+                        out[n, b * QK_K + c * 64 + half * 32 + l] = dl * np.float32(q) - ml
+
+
+# ---- Q6_K kernel (GGUF blocks as they are) -------------------------------------------------
+
+@njit(nogil=True, cache=True, inline="always")
+def _q6_row(raw, blk0, nsb, n_in, xq, t, dk, bs16, tiled):
+    """One row (its blocks from byte blk0) times token t, in the float order of
+    ggml_vec_dot_q6_K_q8_K (AVX2), or with ``tiled`` in that of llama.cpp's tiled K-quant
+    matmul (tiled/tiled-kernel.cpp, which ggml takes for batches of TILED_MIN_BATCH tokens or
+    more): per super-block the exact sum s of its products, then
+    acc = fma(d_w * float(s), d_x, acc)."""
+    m3 = splat32(0x03030303)
+    m12 = splat32(0x0C0C0C0C)
+    m48 = splat32(0x30303030)
+    mc0 = splat32(0xC0C0C0C0)
+    m15 = splat32(0x0F0F0F0F)
+    acc = zero8()
+    acc_t = np.float32(0.0)
+    for i in range(nsb):
+        blk = blk0 + i * Q6K_BYTES
+        d = dk[t, i] * load_f16(raw, blk + 208)
+        q8sclsub = sll32(madd16(load256(bs16, (t * nsb + i) * 16), sext8to16(raw, blk + 192)), 5)
+        sumi = zero8i()
+        for j in range(2):
+            q1 = load256(raw, blk + 64 * j)
+            q2 = load256(raw, blk + 64 * j + 32)
+            qh = load256(raw, blk + 128 + 32 * j)
+            a0 = vor(vand(q1, m15), sll32(vand(qh, m3), 4))
+            a1 = vor(vand(q2, m15), sll32(vand(qh, m12), 2))
+            a2 = vor(vand(srl32(q1, 4), m15), vand(qh, m48))
+            a3 = vor(vand(srl32(q2, 4), m15), srl32(vand(qh, mc0), 2))
+            xb = t * n_in + i * QK_K + 128 * j
+            s = blk + 192 + 8 * j
+            p0 = madd16(scale_halves(raw, s), maddubs(a0, load256(xq, xb)))
+            p1 = madd16(scale_halves(raw, s + 2), maddubs(a1, load256(xq, xb + 32)))
+            p2 = madd16(scale_halves(raw, s + 4), maddubs(a2, load256(xq, xb + 64)))
+            p3 = madd16(scale_halves(raw, s + 6), maddubs(a3, load256(xq, xb + 96)))
+            sumi = add32(sumi, add32(p0, p1))
+            sumi = add32(sumi, add32(p2, p3))
+        if tiled:
+            s_exact = np.float32(hsum32(sub32(sumi, q8sclsub)))
+            acc_t = fma(load_f16(raw, blk + 208) * s_exact, dk[t, i], acc_t)
+        else:
+            acc = fma8(splat8(d), to_f32(sub32(sumi, q8sclsub)), acc)
+    return acc_t if tiled else hsum8(acc)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
+    """Q6_K weights (GGUF rows, flat) x Q8_K activations.
+
+    raw       # (n_out * nsb * 210,) uint8
+    n_chunks  # runs of rows, one per thread
+    x         # (n_tok, n_in) float32
+    out       # (n_tok, n_out) float32
+    """
+    n_tok, n_in = x.shape
+    nsb = n_in // QK_K
+    xq, dk, bs_pairs, bs16 = _act_buffers(n_tok, n_in)
+    quantize_acts(x, xq, dk, bs_pairs, bs16)
+    tiled = n_tok >= TILED_MIN_BATCH
+    for c in prange(n_chunks):
+        r0, r1 = chunk_groups(c, n_chunks, n_out)
+        for r in range(r0, r1):
+            for t in range(n_tok):
+                out[t, r] = _q6_row(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, t, dk, bs16, tiled)
+
+
+@njit(nogil=True, cache=True)
+def rows_q6_k_rows(raw, n_out, ids, out):
+    """Dequantized rows of GGUF Q6_K blocks, bit-exact with gguf.quants: (d * sc) * (q - 32).
+
+    raw  # (n_out * nsb * 210,) uint8
+    ids  # (n_ids,) int64
+    out  # (n_ids, n_in) float32
+    """
+    nsb = out.shape[1] // QK_K
+    h = np.empty(1, np.uint16)                 # (1,) uint16
+    f = np.empty(1, np.float32)                # (1,) float32
+    for n in range(ids.shape[0]):
+        for b in range(nsb):
+            blk = (ids[n] * nsb + b) * Q6K_BYTES
+            h[0] = np.uint16(raw[blk + 208]) | (np.uint16(raw[blk + 209]) << 8)
+            decode_f16(h, f)
+            for half in range(2):
+                for l in range(32):
+                    a = np.int32(raw[blk + half * 64 + l])
+                    c = np.int32(raw[blk + half * 64 + 32 + l])
+                    hb = np.int32(raw[blk + 128 + half * 32 + l])
+                    q4 = ((a & 15) | ((hb & 3) << 4), (c & 15) | (((hb >> 2) & 3) << 4),
+                          (a >> 4) | (((hb >> 4) & 3) << 4), (c >> 4) | (((hb >> 6) & 3) << 4))
+                    for k in range(4):
+                        s = np.float32(np.int8(raw[blk + 192 + half * 8 + k * 2 + l // 16]))
+                        out[n, b * QK_K + half * 128 + k * 32 + l] = (f[0] * s) * np.float32(q4[k] - 32)
