@@ -8,7 +8,7 @@ Pinning (``apply``), measured on this project's machine with numba 0.68:
   * the process: every existing thread (``/proc/self/task/*``) gets the plan's CPUs as its
     affinity, so threads created later (numba's pool, BLAS pools) inherit it;
   * numba's workers: a parallel loop with one iteration per worker, whose body calls libc
-    ``sched_setaffinity(0, ...)`` through ctypes, pins the calling worker to ``plan.cpus[t]``
+    ``sched_setaffinity(0, ...)`` (by symbol, so the kernel is cached), pins the calling worker to ``plan.cpus[t]``
     where ``t = numba.get_thread_id()``. ``apply`` then reads each worker's
     ``/proc/self/task/TID/status`` ``Cpus_allowed_list`` back and reports what it saw.
     With the ``omp`` layer the thread that starts the parallel region is worker 0;
@@ -23,7 +23,6 @@ Pinning (``apply``), measured on this project's machine with numba 0.68:
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import threading
@@ -31,23 +30,53 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .plan import ThreadPlan
 from .topology import STARTUP_CPUS, format_cpulist, parse_cpulist
 
 # ---- libc ------------------------------------------------------------------
+# Called from numba's workers by symbol name (LLVM resolves it in the process when the kernel
+# is loaded), not through ctypes pointers: a kernel holding a ctypes pointer cannot be cached
+# and cost every start 1.5-2 s of compiling.
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_sched_setaffinity = _libc.sched_setaffinity
-_sched_setaffinity.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
-_sched_setaffinity.restype = ctypes.c_int
-_libc.syscall.restype = ctypes.c_long
-# gettid as a one-argument syscall, callable from numba code (numba calls ctypes functions
-# whose argtypes are fixed); a separate CDLL gives a function object of its own.
 _SYS_GETTID = {"x86_64": 186, "aarch64": 178}.get(platform.machine(), 186)
-_syscall1 = ctypes.CDLL(None).syscall
-_syscall1.argtypes = [ctypes.c_long]
-_syscall1.restype = ctypes.c_long
+
+
+@intrinsic
+def _gettid(typingctx):
+    """The calling thread's id: libc syscall(SYS_gettid)."""
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i64, [i64], var_arg=True), "syscall")
+        return builder.call(fn, [ir.Constant(i64, _SYS_GETTID)])
+
+    return types.int64(), codegen
+
+
+@intrinsic
+def _pin_self(typingctx, masks, t):
+    """libc sched_setaffinity(0, row bytes, &masks[t, 0]): pins the calling thread to the CPUs
+    of row t of masks (n_threads, n_words) uint64. Returns its result (0: done)."""
+    if not (isinstance(masks, types.Array) and masks.ndim == 2 and masks.layout == "C"
+            and masks.dtype == types.uint64 and isinstance(t, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        i32, i64, p8 = ir.IntType(32), ir.IntType(64), ir.IntType(8).as_pointer()
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        row = cgutils.get_item_pointer(context, builder, sig.args[0], ary,
+                                       [context.cast(builder, args[1], sig.args[1], types.intp),
+                                        context.get_constant(types.intp, 0)])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32, [i32, i64, p8]), "sched_setaffinity")
+        words = builder.extract_value(ary.shape, 1)
+        size = builder.mul(words, ir.Constant(i64, 8))
+        return builder.sext(builder.call(fn, [ir.Constant(i32, 0), size, builder.bitcast(row, p8)]), i64)
+
+    return types.int64(masks, t), codegen
 
 
 def current_plan() -> ThreadPlan | None:
@@ -58,7 +87,7 @@ def current_plan() -> ThreadPlan | None:
 
 # ---- Applying a plan -------------------------------------------------------
 
-@numba.njit(parallel=True)
+@numba.njit(parallel=True, cache=True)
 def _warm_up(n):
     out = np.zeros(n, np.int64)
     for i in numba.prange(n):
@@ -66,13 +95,13 @@ def _warm_up(n):
     return out
 
 
-@numba.njit(parallel=True)
+@numba.njit(parallel=True, cache=True)
 def _pin_workers(masks, tids, rcs):
     """masks (n_threads, n_words) uint64: worker t -> its CPU's bit; tids, rcs (n_threads,) int64."""
     for _ in numba.prange(masks.shape[0]):
         t = numba.get_thread_id()
-        rcs[t] = _sched_setaffinity(0, masks.shape[1] * 8, masks[t].ctypes)
-        tids[t] = _syscall1(_SYS_GETTID)
+        rcs[t] = _pin_self(masks, t)
+        tids[t] = _gettid()
 
 
 @dataclass(frozen=True)
