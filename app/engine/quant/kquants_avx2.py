@@ -177,6 +177,25 @@ def _q4k_chunk(x8, qbase, xq, xbase):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _q4k_chunk2(x8, qbase, xq, xa, xb):
+    """_q4k_chunk for two tokens (activations from xa and xb) sharing each weight vector."""
+    m4 = splat32(0x0F0F0F0F)
+    lo0 = zero8i()
+    hi0 = zero8i()
+    lo1 = zero8i()
+    hi1 = zero8i()
+    for k in range(8):
+        w = load256(x8, qbase + 32 * k)
+        wl = vand(w, m4)
+        wh = vand(srl32(w, 4), m4)
+        lo0 = add16(lo0, maddubs(wl, bcast32(xq, xa + 4 * k)))
+        hi0 = add16(hi0, maddubs(wh, bcast32(xq, xa + 32 + 4 * k)))
+        lo1 = add16(lo1, maddubs(wl, bcast32(xq, xb + 4 * k)))
+        hi1 = add16(hi1, maddubs(wh, bcast32(xq, xb + 32 + 4 * k)))
+    return lo0, hi0, lo1, hi1
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm):
     """Every token against the 8 rows of group g: acc / accm (n_tok * 8,) float32 get the
     float chains of llama.cpp's repacked Q4_K product. ggml (repack.cpp forward_mul_mat_one_chunk)
@@ -207,32 +226,42 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm):
         sc = (_byte_in_halves(s_lo, 0), _byte_in_halves(s_lo, 1), _byte_in_halves(s_lo, 2),
               _byte_in_halves(s_lo, 3), _byte_in_halves(s_hi, 0), _byte_in_halves(s_hi, 1),
               _byte_in_halves(s_hi, 2), _byte_in_halves(s_hi, 3))
-        for t in range(n_tok):
+        # ggml_gemm_q4_K_8x8_q8_K, two tokens at a time (they share each unpacked weight
+        # vector): one fma per 64-element chunk
+        for t in range(0, n_gemm, 2):
+            xa = t * n_in + b * QK_K
+            xb = xa + n_in
+            pa = (t * nsb + b) * 4
+            pb = pa + nsb * 4
+            dxa = splat8(dk[t, b])
+            dxb = splat8(dk[t + 1, b])
+            a0 = load8(acc, 8 * t)
+            am0 = load8(accm, 8 * t)
+            a1 = load8(acc, 8 * t + 8)
+            am1 = load8(accm, 8 * t + 8)
+            for c in range(4):
+                lo0, hi0, lo1, hi1 = _q4k_chunk2(x8, base + 128 + 256 * c, xq, xa + 64 * c, xb + 64 * c)
+                a0 = fma8(to_f32(add32(madd16(lo0, sc[2 * c]), madd16(hi0, sc[2 * c + 1]))), mul8(dw, dxa), a0)
+                am0 = fma8(to_f32(madd16(mins[c], bcast32(bs_pairs, pa + c))), mul8(dm, dxa), am0)
+                a1 = fma8(to_f32(add32(madd16(lo1, sc[2 * c]), madd16(hi1, sc[2 * c + 1]))), mul8(dw, dxb), a1)
+                am1 = fma8(to_f32(madd16(mins[c], bcast32(bs_pairs, pb + c))), mul8(dm, dxb), am1)
+            store8(a0, acc, 8 * t)
+            store8(am0, accm, 8 * t)
+            store8(a1, acc, 8 * t + 8)
+            store8(am1, accm, 8 * t + 8)
+        # ggml_gemv_q4_K_8x8_q8_K for the rest: one fma per super-block
+        for t in range(n_gemm, n_tok):
             xbase = t * n_in + b * QK_K
             pb = (t * nsb + b) * 4
             dx = splat8(dk[t, b])
-            dxw = mul8(dw, dx)
-            dxm = mul8(dm, dx)
-            a = load8(acc, 8 * t)
-            am = load8(accm, 8 * t)
-            if t < n_gemm:
-                # ggml_gemm_q4_K_8x8_q8_K: one fma per 64-element chunk
-                for c in range(4):
-                    lo, hi = _q4k_chunk(x8, base + 128 + 256 * c, xq, xbase + 64 * c)
-                    a = fma8(to_f32(add32(madd16(lo, sc[2 * c]), madd16(hi, sc[2 * c + 1]))), dxw, a)
-                    am = fma8(to_f32(madd16(mins[c], bcast32(bs_pairs, pb + c))), dxm, am)
-            else:
-                # ggml_gemv_q4_K_8x8_q8_K: one fma per super-block
-                iacc = zero8i()
-                imin = zero8i()
-                for c in range(4):
-                    lo, hi = _q4k_chunk(x8, base + 128 + 256 * c, xq, xbase + 64 * c)
-                    iacc = add32(iacc, add32(madd16(lo, sc[2 * c]), madd16(hi, sc[2 * c + 1])))
-                    imin = add32(imin, madd16(mins[c], bcast32(bs_pairs, pb + c)))
-                a = fma8(to_f32(iacc), dxw, a)
-                am = fma8(to_f32(imin), dxm, am)
-            store8(a, acc, 8 * t)
-            store8(am, accm, 8 * t)
+            iacc = zero8i()
+            imin = zero8i()
+            for c in range(4):
+                lo, hi = _q4k_chunk(x8, base + 128 + 256 * c, xq, xbase + 64 * c)
+                iacc = add32(iacc, add32(madd16(lo, sc[2 * c]), madd16(hi, sc[2 * c + 1])))
+                imin = add32(imin, madd16(mins[c], bcast32(bs_pairs, pb + c)))
+            store8(fma8(to_f32(iacc), mul8(dw, dx), load8(acc, 8 * t)), acc, 8 * t)
+            store8(fma8(to_f32(imin), mul8(dm, dx), load8(accm, 8 * t)), accm, 8 * t)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -347,6 +376,49 @@ def _q6_row(raw, blk0, nsb, n_in, xq, t, dk, bs16, tiled):
     return acc_t if tiled else hsum8(acc)
 
 
+@njit(nogil=True, cache=True)
+def _q6_unpack(raw, blk, j):
+    """The 6-bit weights of half j of a Q6_K block as 4 byte vectors (elements 128j + 32m ..)
+    and their scale pairs for vpmaddwd (_q6_row's a0..a3 and scale_halves)."""
+    m3 = splat32(0x03030303)
+    m12 = splat32(0x0C0C0C0C)
+    m48 = splat32(0x30303030)
+    mc0 = splat32(0xC0C0C0C0)
+    m15 = splat32(0x0F0F0F0F)
+    q1 = load256(raw, blk + 64 * j)
+    q2 = load256(raw, blk + 64 * j + 32)
+    qh = load256(raw, blk + 128 + 32 * j)
+    s = blk + 192 + 8 * j
+    return ((vor(vand(q1, m15), sll32(vand(qh, m3), 4)), vor(vand(q2, m15), sll32(vand(qh, m12), 2)),
+             vor(vand(srl32(q1, 4), m15), vand(qh, m48)), vor(vand(srl32(q2, 4), m15), srl32(vand(qh, mc0), 2))),
+            (scale_halves(raw, s), scale_halves(raw, s + 2), scale_halves(raw, s + 4), scale_halves(raw, s + 6)))
+
+
+@njit(nogil=True, cache=True)
+def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, bs16, acc):
+    """One row times every token in the tiled kernel's order (see _q6_row): each block is
+    unpacked once and multiplied by all the tokens. acc (n_tok,) float32, zeroed."""
+    n_tok = dk.shape[0]
+    for i in range(nsb):
+        blk = blk0 + i * Q6K_BYTES
+        dw = load_f16(raw, blk + 208)
+        sc16 = sext8to16(raw, blk + 192)
+        w0, s0 = _q6_unpack(raw, blk, 0)
+        w1, s1 = _q6_unpack(raw, blk, 1)
+        for t in range(n_tok):
+            xb = t * n_in + i * QK_K
+            sumi = add32(add32(madd16(s0[0], maddubs(w0[0], load256(xq, xb))),
+                               madd16(s0[1], maddubs(w0[1], load256(xq, xb + 32)))),
+                         add32(madd16(s0[2], maddubs(w0[2], load256(xq, xb + 64))),
+                               madd16(s0[3], maddubs(w0[3], load256(xq, xb + 96)))))
+            sumi = add32(sumi, add32(add32(madd16(s1[0], maddubs(w1[0], load256(xq, xb + 128))),
+                                           madd16(s1[1], maddubs(w1[1], load256(xq, xb + 160)))),
+                                     add32(madd16(s1[2], maddubs(w1[2], load256(xq, xb + 192))),
+                                           madd16(s1[3], maddubs(w1[3], load256(xq, xb + 224))))))
+            q8sclsub = sll32(madd16(load256(bs16, (t * nsb + i) * 16), sc16), 5)
+            acc[t] = fma(dw * np.float32(hsum32(sub32(sumi, q8sclsub))), dk[t, i], acc[t])
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
     """Q6_K weights (GGUF rows, flat) x Q8_K activations.
@@ -363,9 +435,17 @@ def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
     tiled = n_tok >= TILED_MIN_BATCH
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)
-        for r in range(r0, r1):
-            for t in range(n_tok):
-                out[t, r] = _q6_row(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, t, dk, bs16, tiled)
+        if tiled:
+            acc = np.empty(n_tok, np.float32)       # (n_tok,) float32
+            for r in range(r0, r1):
+                acc[:] = 0
+                _q6_row_tokens(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, dk, bs16, acc)
+                for t in range(n_tok):
+                    out[t, r] = acc[t]
+        else:
+            for r in range(r0, r1):
+                for t in range(n_tok):
+                    out[t, r] = _q6_row(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, t, dk, bs16, False)
 
 
 @njit(nogil=True, cache=True)
