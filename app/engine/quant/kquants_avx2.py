@@ -138,10 +138,14 @@ def quantize_acts(x, xq, dk, bs_pairs, bs16):
 
 
 @njit(nogil=True, cache=True)
-def _act_buffers(n_tok, n_in):
+def q8_k_acts(x):
+    """x (n_tok, n_in) float32 -> (xq, dk, bs_pairs, bs16) of quantize_acts, freshly made."""
+    n_tok, n_in = x.shape
     nsb = n_in // QK_K
-    return (np.empty(n_tok * n_in, np.int8), np.empty((n_tok, nsb), np.float32),
+    acts = (np.empty(n_tok * n_in, np.int8), np.empty((n_tok, nsb), np.float32),
             np.empty(n_tok * nsb * 4, np.int32), np.empty(n_tok * nsb * 16, np.int16))
+    quantize_acts(x, *acts)
+    return acts
 
 
 # ---- Q4_K kernel ------------------------------------------------------------------------------
@@ -275,8 +279,7 @@ def matmul_q4_k_x8(x8, n_out, n_chunks, x, out):
     """
     n_tok, n_in = x.shape
     nsb = n_in // QK_K
-    xq, dk, bs_pairs, bs16 = _act_buffers(n_tok, n_in)
-    quantize_acts(x, xq, dk, bs_pairs, bs16)
+    xq, dk, bs_pairs, bs16 = q8_k_acts(x)
     n_groups = (n_out + ROWS_X8 - 1) // ROWS_X8
     for c in prange(n_chunks):
         acc = np.empty(n_tok * 8, np.float32)       # (n_tok, 8) float32
@@ -430,8 +433,7 @@ def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
     """
     n_tok, n_in = x.shape
     nsb = n_in // QK_K
-    xq, dk, bs_pairs, bs16 = _act_buffers(n_tok, n_in)
-    quantize_acts(x, xq, dk, bs_pairs, bs16)
+    xq, dk, bs_pairs, bs16 = q8_k_acts(x)
     tiled = n_tok >= TILED_MIN_BATCH
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)
