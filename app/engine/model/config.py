@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
 
 from .gguf_file import field_value
-
 from .support import ARCHITECTURES
 
 SUPPORTED_ARCHITECTURES = ARCHITECTURES   # model/support.py: what the engine runs
@@ -120,7 +118,8 @@ class ModelConfig:
     # ---- Construction -------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, reader: GGUFReader, path: str | Path | None = None) -> ModelConfig:
+    def from_gguf(cls, reader, path: str | Path | None = None) -> ModelConfig:
+        """reader: a GGUFFile (model/gguf_file.py) or a gguf.GGUFReader."""
         path = str(path if path is not None else getattr(reader, "path", "") or "<gguf>")
         arch = _field(reader, "general.architecture", path)
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -211,7 +210,6 @@ def _block_parts(arch: str, key, dim: int, n_heads: int, head_dim: int, path: st
 
 
 def _field(reader, name: str, path: str, default=_REQUIRED):
-    """reader: a GGUFFile (model/gguf_file.py) or a gguf.GGUFReader."""
     value = field_value(reader, name, _REQUIRED)
     if value is _REQUIRED:
         if default is _REQUIRED:

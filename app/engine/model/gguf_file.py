@@ -15,11 +15,11 @@ import math
 import mmap
 import os
 import struct
-
-import numpy as np
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 GGUF_MAGIC = b"GGUF"
 
@@ -257,8 +257,8 @@ class GGUFFile:
         """A metadata array, read from the file now: strings decoded as UTF-8 (bytes that are not
         are kept as surrogate escapes, as a vocabulary's byte tokens need)."""
         if key not in self.layout.arrays:
-            value = self.layout.metadata.get(key)
-            return list(value) if isinstance(value, tuple) else None
+            value = self.value(key)
+            return value if isinstance(value, list) else None
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             c = _Cursor(buf)
             c.pos = self.layout.arrays[key]

@@ -48,17 +48,6 @@ _ATTR_OF_TOKEN_TYPE = {  # gguf.TokenType -> attribute, as llama_vocab::impl::lo
     gguf.TokenType.USER_DEFINED: ATTR_USER_DEFINED, gguf.TokenType.BYTE: ATTR_BYTE,
 }
 
-# ---- GGUF metadata
-
-def _scalar(reader, key: str, default=None):
-    """reader: a GGUFFile (model/gguf_file.py) or a gguf.GGUFReader."""
-    return field_value(reader, key, default)
-
-
-def _array(reader, key: str) -> list | None:
-    return field_array(reader, key)
-
-
 _EOT_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
               "<end_of_utterance>"}
@@ -133,25 +122,26 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader) -> Tokenizer:
-        """Read the vocabulary and its rules as llama_vocab::impl::load does."""
-        model = _scalar(reader, "tokenizer.ggml.model")
-        pre = _scalar(reader, "tokenizer.ggml.pre") or "default"
+        """Read the vocabulary and its rules as llama_vocab::impl::load does. reader: a
+        GGUFFile (model/gguf_file.py) or a gguf.GGUFReader."""
+        model = field_value(reader, "tokenizer.ggml.model")
+        pre = field_value(reader, "tokenizer.ggml.pre") or "default"
         if model not in ("gpt2", "llama"):
             raise ValueError(f"tokenizer.ggml.model = {model!r} is not supported by the ellm "
                              f"tokenizer (only 'gpt2' and 'llama'); use the llamacpp backend")
         if model == "gpt2" and pre not in PRE_TOKENIZERS:
             raise ValueError(f"tokenizer.ggml.pre = {pre!r} is not supported by the ellm "
                              f"tokenizer; use the llamacpp backend for this model")
-        tokens = _array(reader, "tokenizer.ggml.tokens")
+        tokens = field_array(reader, "tokenizer.ggml.tokens")
         if not tokens:
             raise ValueError("the GGUF file has no tokenizer.ggml.tokens; it cannot be tokenized")
         tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         n_vocab = len(tokens)
-        types = _array(reader, "tokenizer.ggml.token_type")
+        types = field_array(reader, "tokenizer.ggml.token_type")
         attrs = ([_ATTR_OF_TOKEN_TYPE.get(t, ATTR_UNDEFINED) for t in types] if types
                  else [ATTR_NORMAL] * n_vocab)
-        scores = [float(s) for s in (_array(reader, "tokenizer.ggml.scores") or [0.0] * n_vocab)]
-        merges = _array(reader, "tokenizer.ggml.merges") or []
+        scores = [float(s) for s in (field_array(reader, "tokenizer.ggml.scores") or [0.0] * n_vocab)]
+        merges = field_array(reader, "tokenizer.ggml.merges") or []
         if model == "gpt2" and not merges:
             raise ValueError("the GGUF file has no tokenizer.ggml.merges for its gpt2 tokenizer")
 
@@ -163,15 +153,15 @@ class Tokenizer:
         else:
             special |= {"bos": 11, "eos": 11}
             add_bos, add_space_prefix = PRE_TOKENIZERS[pre][2], False
-        add_space_prefix = bool(_scalar(reader, "tokenizer.ggml.add_space_prefix", add_space_prefix))
+        add_space_prefix = bool(field_value(reader, "tokenizer.ggml.add_space_prefix", add_space_prefix))
         for slot, key in _SPECIAL_KEYS:
             if special[slot] is not None and special[slot] >= n_vocab:
                 special[slot] = None  # a default out of range is disabled
-            new_id = _scalar(reader, f"tokenizer.ggml.{key}")
+            new_id = field_value(reader, f"tokenizer.ggml.{key}")
             if new_id is not None and new_id < n_vocab:
                 special[slot] = new_id
-        add_bos = bool(_scalar(reader, "tokenizer.ggml.add_bos_token", add_bos))
-        add_eos = bool(_scalar(reader, "tokenizer.ggml.add_eos_token", False))
+        add_bos = bool(field_value(reader, "tokenizer.ggml.add_bos_token", add_bos))
+        add_eos = bool(field_value(reader, "tokenizer.ggml.add_eos_token", False))
 
         eog = _detect_special_tokens(tokens, attrs, special)
         return cls(model=model, tokens=tokens, attrs=attrs, scores=scores, merges=merges, pre=pre,

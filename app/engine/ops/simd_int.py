@@ -291,18 +291,6 @@ def hsum32(typingctx, a):
 
 
 @intrinsic
-def lane32(typingctx, a, k):
-    """Lane k of a as an int64 (tests and horizontal sums)."""
-    if not (a == vec8i and isinstance(k, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.sext(builder.extract_element(args[0], _as_i32(builder, args[1], sig.args[1])), ir.IntType(64))
-
-    return types.int64(a, k), codegen
-
-
-@intrinsic
 def prefetch(typingctx, arr, i):
     """Ask for the cache line holding arr[i] ahead of its use (prefetcht0); no effect on
     results, and no fault if i lies past the end."""

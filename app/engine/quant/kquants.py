@@ -77,7 +77,7 @@ def repack_q6_k(raw, n_out, n_in):
 # ---- 6-bit scales and mins of Q4_K / Q5_K
 
 @njit(nogil=True, cache=True, inline="always")
-def _unpack_scales(sb, w, sc, mn):
+def unpack_scales(sb, w, sc, mn):
     """ggml-quants.c get_scale_min_k4, for every row of a group at once.
 
     sb      # (12 * w,) uint8: scale byte k of row i at k * w + i
@@ -123,7 +123,7 @@ def rows_q45_k(d, dmin, scales, qh, qs, has_qh, n_out, ids, out):
             decode_f16(h, f)
             for k in range(12):
                 sb[k] = scales[r0 * nsb * 12 + (b * 12 + k) * w + i]
-            _unpack_scales(sb, 1, sc, mn)
+            unpack_scales(sb, 1, sc, mn)
             qbase = r0 * nsb * 128 + b * 128 * w + i
             hbase = r0 * nsb * 32 + b * 32 * w + i
             for c in range(4):
@@ -250,7 +250,7 @@ def _q45_group(d_g, m_g, sc_g, qh_g, qs_g, has_qh, xq, dk, bsums, sc, mn, part, 
     n_tok, nsb = dk.shape
     w = GROUP
     for b in range(nsb):
-        _unpack_scales(sc_g[b * 12 * w:(b + 1) * 12 * w], w, sc[b], mn[b])
+        unpack_scales(sc_g[b * 12 * w:(b + 1) * 12 * w], w, sc[b], mn[b])
     for k in range(n_tok):
         for b in range(nsb):
             xk = xq[k, b * QK_K:(b + 1) * QK_K]

@@ -45,6 +45,7 @@ from ..ops.simd_int import (add16, add32, bcast32, hsum32, load256, load_f16, lo
                             prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8, to_f32, vand,
                             vor, zero8i)
 from .activations import quantize_q8_k
+from .kquants import unpack_scales
 from .layout import chunk_groups, n_chunks_for
 
 QK_K = 256
@@ -56,7 +57,7 @@ TILED_MIN_BATCH = 8              # ggml-cpu tiled/tiled.cpp ggml_tiled_min_batch
 PREFETCH_AHEAD = 4 * Q4K_X8_BYTES
 
 
-# ---- Q4_K: repack (numpy, once at load) ------------------------------------------------------
+# ---- Q4_K: repack (once at load) ------------------------------------------------------
 
 def repack_q4_k_x8(raw, n_out, n_in):
     """raw (n_out, n_in // 256 * 144) uint8 GGUF rows -> {"x8": (groups * nsb * 1152,) uint8} in
@@ -67,13 +68,16 @@ def repack_q4_k_x8(raw, n_out, n_in):
     groups = -(-n_out // ROWS_X8)
     src = np.asarray(raw, dtype=np.uint8).reshape(n_out, nsb * Q4K_BYTES)
     out = placed_empty(groups * nsb * Q4K_X8_BYTES, np.uint8)
+    if n_out % ROWS_X8:
+        out[(groups - 1) * nsb * Q4K_X8_BYTES:] = 0     # the missing rows of the last group
     _repack_x8(src, out, n_chunks_for(n_out))
     return {"x8": out}
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _repack_x8(src, out, n_chunks):
-    """src (n_out, nsb * 144) uint8 -> out (groups * nsb * 1152,) uint8, each thread a run of groups."""
+    """src (n_out, nsb * 144) uint8 -> out (groups * nsb * 1152,) uint8, each thread a run of
+    groups; the bytes of rows past n_out are left as they are."""
     n_out = src.shape[0]
     nsb = src.shape[1] // Q4K_BYTES
     groups = (n_out + ROWS_X8 - 1) // ROWS_X8
@@ -82,20 +86,9 @@ def _repack_x8(src, out, n_chunks):
         for g in range(g0, g1):
             for b in range(nsb):
                 base = (g * nsb + b) * Q4K_X8_BYTES
-                for r in range(ROWS_X8):
+                blk = b * Q4K_BYTES
+                for r in range(min(ROWS_X8, n_out - g * ROWS_X8)):
                     row = g * ROWS_X8 + r
-                    if row >= n_out:
-                        for j in range(2):
-                            out[base + 2 * r + j] = 0
-                            out[base + 16 + 2 * r + j] = 0
-                        for w in range(3):
-                            for j in range(4):
-                                out[base + 32 + 32 * w + 4 * r + j] = 0
-                        for q in range(32):
-                            for j in range(4):
-                                out[base + 128 + 32 * q + 4 * r + j] = 0
-                        continue
-                    blk = b * Q4K_BYTES
                     for j in range(2):
                         out[base + 2 * r + j] = src[row, blk + j]
                         out[base + 16 + 2 * r + j] = src[row, blk + 2 + j]
@@ -308,7 +301,9 @@ def rows_q4_k_x8(x8, n_out, ids, out):
     nsb = out.shape[1] // QK_K
     h = np.empty(2, np.uint16)                 # (2,) uint16
     f = np.empty(2, np.float32)                # (2,) float32: d, dmin
-    sb = np.empty(12, np.int32)                # (12,) int32 scale bytes of the row
+    sb = np.empty(12, np.uint8)                # (12,) uint8 scale bytes of the row
+    sc = np.empty((8, 1), np.int16)            # (8, 1) int16 6-bit scales
+    mn = np.empty((8, 1), np.int16)            # (8, 1) int16 6-bit mins
     for n in range(ids.shape[0]):
         g, r = ids[n] // ROWS_X8, ids[n] % ROWS_X8
         for b in range(nsb):
@@ -318,16 +313,11 @@ def rows_q4_k_x8(x8, n_out, ids, out):
             decode_f16(h, f)
             for k in range(12):
                 sb[k] = x8[base + 32 + 4 * (8 * (k // 4) + r) + k % 4]
+            unpack_scales(sb, 1, sc, mn)
             for c in range(4):
                 for half in range(2):
-                    s = 2 * c + half
-                    if s < 4:
-                        sc, mn = sb[s] & 63, sb[s + 4] & 63
-                    else:
-                        sc = (sb[s + 4] & 15) | ((sb[s - 4] >> 6) << 4)
-                        mn = (sb[s + 4] >> 4) | ((sb[s] >> 6) << 4)
-                    dl = f[0] * np.float32(sc)
-                    ml = f[1] * np.float32(mn)
+                    dl = f[0] * np.float32(sc[2 * c + half, 0])
+                    ml = f[1] * np.float32(mn[2 * c + half, 0])
                     for l in range(32):
                         q = np.int32(x8[base + 128 + c * 256 + (l // 4) * 32 + 4 * r + l % 4])
                         q = (q >> 4) if half else (q & 15)
@@ -336,53 +326,11 @@ def rows_q4_k_x8(x8, n_out, ids, out):
 
 # ---- Q6_K kernel (GGUF blocks as they are) -------------------------------------------------
 
-@njit(nogil=True, cache=True, inline="always")
-def _q6_row(raw, blk0, nsb, n_in, xq, t, dk, bs16, tiled):
-    """One row (its blocks from byte blk0) times token t, in the float order of
-    ggml_vec_dot_q6_K_q8_K (AVX2), or with ``tiled`` in that of llama.cpp's tiled K-quant
-    matmul (tiled/tiled-kernel.cpp, which ggml takes for batches of TILED_MIN_BATCH tokens or
-    more): per super-block the exact sum s of its products, then
-    acc = fma(d_w * float(s), d_x, acc)."""
-    m3 = splat32(0x03030303)
-    m12 = splat32(0x0C0C0C0C)
-    m48 = splat32(0x30303030)
-    mc0 = splat32(0xC0C0C0C0)
-    m15 = splat32(0x0F0F0F0F)
-    acc = zero8()
-    acc_t = np.float32(0.0)
-    for i in range(nsb):
-        blk = blk0 + i * Q6K_BYTES
-        d = dk[t, i] * load_f16(raw, blk + 208)
-        q8sclsub = sll32(madd16(load256(bs16, (t * nsb + i) * 16), sext8to16(raw, blk + 192)), 5)
-        sumi = zero8i()
-        for j in range(2):
-            q1 = load256(raw, blk + 64 * j)
-            q2 = load256(raw, blk + 64 * j + 32)
-            qh = load256(raw, blk + 128 + 32 * j)
-            a0 = vor(vand(q1, m15), sll32(vand(qh, m3), 4))
-            a1 = vor(vand(q2, m15), sll32(vand(qh, m12), 2))
-            a2 = vor(vand(srl32(q1, 4), m15), vand(qh, m48))
-            a3 = vor(vand(srl32(q2, 4), m15), srl32(vand(qh, mc0), 2))
-            xb = t * n_in + i * QK_K + 128 * j
-            s = blk + 192 + 8 * j
-            p0 = madd16(scale_halves(raw, s), maddubs(a0, load256(xq, xb)))
-            p1 = madd16(scale_halves(raw, s + 2), maddubs(a1, load256(xq, xb + 32)))
-            p2 = madd16(scale_halves(raw, s + 4), maddubs(a2, load256(xq, xb + 64)))
-            p3 = madd16(scale_halves(raw, s + 6), maddubs(a3, load256(xq, xb + 96)))
-            sumi = add32(sumi, add32(p0, p1))
-            sumi = add32(sumi, add32(p2, p3))
-        if tiled:
-            s_exact = np.float32(hsum32(sub32(sumi, q8sclsub)))
-            acc_t = fma(load_f16(raw, blk + 208) * s_exact, dk[t, i], acc_t)
-        else:
-            acc = fma8(splat8(d), to_f32(sub32(sumi, q8sclsub)), acc)
-    return acc_t if tiled else hsum8(acc)
-
-
 @njit(nogil=True, cache=True)
 def _q6_unpack(raw, blk, j):
-    """The 6-bit weights of half j of a Q6_K block as 4 byte vectors (elements 128j + 32m ..)
-    and their scale pairs for vpmaddwd (_q6_row's a0..a3 and scale_halves)."""
+    """The 6-bit weights of half j of a Q6_K block as 4 byte vectors (elements 128j + 32m ..
+    + 32, as ggml_vec_dot_q6_K_q8_K's q4_0..q4_3) and their scale pairs for vpmaddwd
+    (_mm256_cvtepi8_epi16 of get_scale_shuffle)."""
     m3 = splat32(0x03030303)
     m12 = splat32(0x0C0C0C0C)
     m48 = splat32(0x30303030)
@@ -397,29 +345,54 @@ def _q6_unpack(raw, blk, j):
             (scale_halves(raw, s), scale_halves(raw, s + 2), scale_halves(raw, s + 4), scale_halves(raw, s + 6)))
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _q6_products(w, sc, xq, xb):
+    """Half a block (_q6_unpack's w, sc) times the 128 activations from xq[xb]: 8 int32 lanes,
+    lane L holding scale * q * a over bytes 4L..4L+3 of each of the 4 vectors."""
+    return add32(add32(madd16(sc[0], maddubs(w[0], load256(xq, xb))),
+                       madd16(sc[1], maddubs(w[1], load256(xq, xb + 32)))),
+                 add32(madd16(sc[2], maddubs(w[2], load256(xq, xb + 64))),
+                       madd16(sc[3], maddubs(w[3], load256(xq, xb + 96)))))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb, bs16, pb):
+    """ggml_vec_dot_q6_K_q8_K's sumi for one block and token: the two halves' products minus
+    32 * (bsum_2L sc_2L + bsum_2L+1 sc_2L+1) in lane L (the -32 offset through the bsums)."""
+    q8sclsub = sll32(madd16(load256(bs16, pb), sext8to16(raw, blk + 192)), 5)
+    return sub32(add32(_q6_products(w0, s0, xq, xb), _q6_products(w1, s1, xq, xb + 128)), q8sclsub)
+
+
+@njit(nogil=True, cache=True)
+def _q6_row(raw, blk0, nsb, n_in, xq, t, dk, bs16):
+    """One row (its blocks from byte blk0) times token t in the float order of
+    ggml_vec_dot_q6_K_q8_K (AVX2): per block acc = fma(d_x * d_w, float(lanes), acc) in 8
+    lanes, then hsum_float_8."""
+    acc = zero8()
+    for i in range(nsb):
+        blk = blk0 + i * Q6K_BYTES
+        w0, s0 = _q6_unpack(raw, blk, 0)
+        w1, s1 = _q6_unpack(raw, blk, 1)
+        lanes = _q6_lanes(raw, blk, w0, s0, w1, s1, xq, t * n_in + i * QK_K, bs16, (t * nsb + i) * 16)
+        acc = fma8(splat8(dk[t, i] * load_f16(raw, blk + 208)), to_f32(lanes), acc)
+    return hsum8(acc)
+
+
 @njit(nogil=True, cache=True)
 def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, bs16, acc):
-    """One row times every token in the tiled kernel's order (see _q6_row): each block is
-    unpacked once and multiplied by all the tokens. acc (n_tok,) float32, zeroed."""
+    """One row times every token in the order of llama.cpp's tiled K-quant matmul
+    (tiled/tiled-kernel.cpp, which ggml takes for batches of TILED_MIN_BATCH tokens or more):
+    per block the exact sum s of its products, then acc = fma(d_w * float(s), d_x, acc). Each
+    block is unpacked once for all the tokens. acc (n_tok,) float32, zeroed."""
     n_tok = dk.shape[0]
     for i in range(nsb):
         blk = blk0 + i * Q6K_BYTES
         dw = load_f16(raw, blk + 208)
-        sc16 = sext8to16(raw, blk + 192)
         w0, s0 = _q6_unpack(raw, blk, 0)
         w1, s1 = _q6_unpack(raw, blk, 1)
         for t in range(n_tok):
-            xb = t * n_in + i * QK_K
-            sumi = add32(add32(madd16(s0[0], maddubs(w0[0], load256(xq, xb))),
-                               madd16(s0[1], maddubs(w0[1], load256(xq, xb + 32)))),
-                         add32(madd16(s0[2], maddubs(w0[2], load256(xq, xb + 64))),
-                               madd16(s0[3], maddubs(w0[3], load256(xq, xb + 96)))))
-            sumi = add32(sumi, add32(add32(madd16(s1[0], maddubs(w1[0], load256(xq, xb + 128))),
-                                           madd16(s1[1], maddubs(w1[1], load256(xq, xb + 160)))),
-                                     add32(madd16(s1[2], maddubs(w1[2], load256(xq, xb + 192))),
-                                           madd16(s1[3], maddubs(w1[3], load256(xq, xb + 224))))))
-            q8sclsub = sll32(madd16(load256(bs16, (t * nsb + i) * 16), sc16), 5)
-            acc[t] = fma(dw * np.float32(hsum32(sub32(sumi, q8sclsub))), dk[t, i], acc[t])
+            lanes = _q6_lanes(raw, blk, w0, s0, w1, s1, xq, t * n_in + i * QK_K, bs16, (t * nsb + i) * 16)
+            acc[t] = fma(dw * np.float32(hsum32(lanes)), dk[t, i], acc[t])
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -447,7 +420,7 @@ def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
         else:
             for r in range(r0, r1):
                 for t in range(n_tok):
-                    out[t, r] = _q6_row(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, t, dk, bs16, False)
+                    out[t, r] = _q6_row(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, t, dk, bs16)
 
 
 @njit(nogil=True, cache=True)

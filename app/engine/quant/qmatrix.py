@@ -103,9 +103,9 @@ class QMatrix:
         """(rows kernel, its leading arguments, matmul kernel, its leading arguments), chosen
         once so a decode step pays for no lookups."""
         p, qt, n_out, plain = self.planes, self.qtype, self.shape[0], self.plain_scales
-        if qt in _AVX2_K and qt == Q.Q4_K:
-            return (kquants_avx2.rows_q4_k_x8, (p["x8"], n_out), kquants_avx2.matmul_q4_k_x8, (p["x8"], n_out))
-        if qt in _AVX2_K and qt == Q.Q6_K:
+        if qt in _AVX2_K:
+            if qt == Q.Q4_K:
+                return (kquants_avx2.rows_q4_k_x8, (p["x8"], n_out), kquants_avx2.matmul_q4_k_x8, (p["x8"], n_out))
             return (kquants_avx2.rows_q6_k_rows, (p["raw"], n_out),
                     kquants_avx2.matmul_q6_k_rows, (p["raw"], n_out))
         if qt in _NIBBLE_KIND:
