@@ -49,6 +49,8 @@ class BenchConfig:
     attentions: tuple[str, ...] = ("dense",)
     sparse: SparseConfig | None = None   # the sparse runs' options (None: the engine's defaults)
     pinning: tuple[bool, ...] = (True,)  # ellm only: threads pinned one per CPU, or left to the OS
+    llamacpp_best: bool = False          # llama.cpp in every configuration a user could pick
+    states_dir: Path | None = None       # where prefilled contexts are kept (None: prefill every run)
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,19 @@ class Run:
     kv: str
     attention: str
     pinned: bool | None   # None: the engine places its own threads (llama.cpp)
+    flash_attn: bool | None = None   # llama.cpp: flash attention (None: its default for the KV type)
 
     @property
     def label(self) -> str:
         pin = "" if self.pinned is not False else " unpinned"
-        return f"{self.engine} {self.kv} {self.attention}{pin}"
+        fa = {True: " flash-attn", False: " no-flash-attn"}.get(self.flash_attn, "")
+        return f"{self.engine} {self.kv} {self.attention}{pin}{fa}"
+
+
+# llama.cpp's configurations a user picks from for speed (--llamacpp-best): its f16 and q8_0
+# caches (k8v8 here), flash attention on and off. A quantized V cache needs flash attention, so
+# k8v8 without it is listed as skipped with that reason.
+LLAMACPP_BEST = (("f16", False), ("f16", True), ("k8v8", True), ("k8v8", False))
 
 
 def plan_runs(cfg: BenchConfig) -> list[Run]:
@@ -73,6 +83,8 @@ def plan_runs(cfg: BenchConfig) -> list[Run]:
     for engine in cfg.engines:
         if engine == "ellm":
             runs += [Run("ellm", kv, a, p) for kv in cfg.kvs for a in cfg.attentions for p in cfg.pinning]
+        elif cfg.llamacpp_best:
+            runs += [Run(engine, kv, "dense", None, fa) for kv, fa in LLAMACPP_BEST]
         else:
             kvs = ["f16"] + [kv for kv in cfg.kvs if kv != "f16" and kv in LLAMACPP_KV_TYPES]
             runs += [Run(engine, kv, "dense", None) for kv in kvs]
@@ -93,6 +105,8 @@ class BenchResult:
     pinned: bool | None = None  # None: the engine places its own threads (llama.cpp)
     kv_bytes_per_token: int = 0  # bytes the cache stores per token
     sparse: dict | None = None  # the sparse options, for sparse attention
+    flash_attn: bool | None = None  # llama.cpp's flash attention (None: eLLM)
+    prefill_from: str = "measured"  # "measured" now, or "state": recorded when the kept state was made
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -100,7 +114,8 @@ class BenchResult:
                 "prefill_tok_s": round(self.prefill_tok_s, 2), "decode_tok_s": round(self.decode_tok_s, 2),
                 "bytes_per_token": self.bytes_per_token, "gb_s": round(self.gb_s, 3),
                 "decode_steps": self.decode_steps, "pinned": self.pinned,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "sparse": self.sparse, "notes": self.notes}
+                "kv_bytes_per_token": self.kv_bytes_per_token, "sparse": self.sparse,
+                "flash_attn": self.flash_attn, "prefill_from": self.prefill_from, "notes": self.notes}
 
 
 def read_bandwidth_gb_s() -> float:
@@ -126,11 +141,20 @@ def filler_prompt(backend, n_tokens: int, salt: int = 0) -> list[int]:
     return tokens[:n_tokens]
 
 
-def measure(backend, context: int, steps: int, salt: int = 0) -> tuple[float, float, int]:
-    """(prefill tok/s, decode tok/s median over steps, steps done) at ``context``."""
+def measure(backend, context: int, steps: int, salt: int = 0, states=None) -> tuple[float, float, int, str]:
+    """(prefill tok/s, decode tok/s median over steps, steps done, where the prefill figure
+    comes from) at ``context``. With ``states`` (BenchStates) the prompt's cache is loaded when
+    it was kept by an earlier run (its prefill speed is the one recorded then: "state"), else
+    prefilled, timed and kept ("measured"); decode then starts from it."""
     prompt = filler_prompt(backend, context, salt)
-    t0, stamps = timed_tokens(backend, prompt, steps)
-    return context / (stamps[0] - t0), decode_rate(stamps), len(stamps)
+    if states is None:
+        t0, stamps = timed_tokens(backend, prompt, steps)
+        return context / (stamps[0] - t0), decode_rate(stamps), len(stamps), "measured"
+    # The kept prefix is all but the prompt's last token, which generate then computes for its
+    # logits (as a question after a read document: the prefix from the cache, the rest anew).
+    done = states.prefill(backend, prompt[:-1], context)
+    _, stamps = timed_tokens(backend, prompt, steps)
+    return done.prefill_tok_s, decode_rate(stamps), len(stamps), "state" if done.source == "loaded" else "measured"
 
 
 def timed_tokens(backend, prompt: list[int], steps: int) -> tuple[float, list[float]]:
@@ -150,21 +174,24 @@ def decode_rate(stamps: list[float]) -> float:
 
 
 def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bool = True,
-                kv: str = "f16", attention="dense"):
+                kv: str = "f16", attention="dense", flash_attn: bool | None = None):
     """A backend for one measurement: ``attention`` is "dense", "sparse" or a SparseConfig
-    (ellm); llama.cpp is always dense, with its cache types for ``kv``."""
+    (ellm); llama.cpp is always dense, with its cache types for ``kv`` and ``flash_attn``
+    (None: on exactly for a quantized cache)."""
     if engine == "llamacpp":
         from app.engine.llamacpp_backend import LlamaCppBackend
 
         if kv not in LLAMACPP_KV_TYPES:
             raise ValueError(f"llama.cpp has no KV cache type for {kv!r} "
                              f"(it has {', '.join(LLAMACPP_KV_TYPES)})")
+        if flash_attn is False and LLAMACPP_KV_TYPES[kv][1] != LLAMACPP_KV_TYPES["f16"][1]:
+            raise ValueError(f"llama.cpp's quantized V cache ({kv}) needs flash attention")
         if kv != "f16":
             shape = KVShape.from_gguf(model_path)
             if shape.key_length % 32 or shape.value_length % 32:
                 raise ValueError(f"{Path(model_path).name}: llama.cpp's q8_0/q4_0 KV cache needs head sizes that "
                                  f"are multiples of 32, this model's are {shape.key_length}/{shape.value_length}")
-        return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, kv=kv)
+        return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, kv=kv, flash_attn=flash_attn)
     from app.engine.ellm_backend import EllmBackend
 
     return EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, pin=pin, kv=kv, attention=attention)
@@ -188,32 +215,38 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     bandwidth = read_bandwidth_gb_s()
     results, skipped = [], []
     n_ctx = max(cfg.contexts) + cfg.decode_steps + 64
-    salt = 0
+    states = None
+    if cfg.states_dir is not None:
+        from app.bench.states import BenchStates
+
+        states = BenchStates(cfg.states_dir)
     for run in plan_runs(cfg):
         attention = sparse if run.attention == "sparse" else SparseConfig(mode="dense")
         if progress:
             progress(f"{run.label}: loading")
         try:
             backend = open_engine(run.engine, cfg.model_path, n_ctx, threads, run.pinned is not False,
-                                  kv=run.kv, attention=attention)
+                                  kv=run.kv, attention=attention, flash_attn=run.flash_attn)
         except (ValueError, RuntimeError) as e:   # one combination this model or engine cannot run
-            skipped.append({"engine": run.engine, "kv": run.kv, "attention": run.attention, "reason": str(e)})
+            skipped.append({"engine": run.engine, "kv": run.kv, "attention": run.attention,
+                            "flash_attn": run.flash_attn, "reason": str(e)})
             if progress:
                 progress(f"{run.label}: skipped ({e})")
             continue
-        salt += 1
-        measure(backend, min(64, min(cfg.contexts)), 4, salt)  # warm-up: JIT, caches, page faults
+        flash_attn = getattr(backend, "flash_attn", None)
+        measure(backend, min(64, min(cfg.contexts)), 4, -1)  # warm-up: JIT, caches, page faults
         for context in cfg.contexts:
             if progress:
                 progress(f"{run.label}: {context} tokens of context")
-            salt += 1
-            prefill, decode, steps = measure(backend, context, cfg.decode_steps, salt)
+            # The same prompt for every run at a context (and across runs of the bench, so kept
+            # states match); each run loads it anew, so nothing is reused from another context.
+            prefill, decode, steps, source = measure(backend, context, cfg.decode_steps, context, states)
             # The cache's cost at this context, as the engine counted it after the prefill.
             stored, kv_read = backend.stats.kv_bytes_per_token, backend.stats.kv_read_bytes_per_token
             bpt = {"weights": weights, "kv": kv_read, "metadata": 0, "total": weights + kv_read}
             results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
                                        bpt["total"] * decode / 1e9, steps, run.pinned, stored,
-                                       sparse_opts if run.attention == "sparse" else None))
+                                       sparse_opts if run.attention == "sparse" else None, flash_attn, source))
         backend.close()
     rows = [r.as_dict() for r in results]
     add_ratios(rows)
@@ -225,13 +258,36 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
 
 def add_ratios(rows: list[dict]) -> None:
     """Give every row ``vs_llamacpp``: its decode and prefill tok/s over llama.cpp's f16 dense
-    at the same context (None where that was not measured)."""
-    base = {r["context"]: r for r in rows if (r["engine"], r["kv"], r["attention"]) == BASELINE}
+    at the same context (None where that was not measured), and ``vs_llamacpp_best``: over the
+    fastest llama.cpp row at that context, decode and prefill each against its own fastest,
+    with which configuration that was (None without llama.cpp rows)."""
+    base = {r["context"]: r for r in rows if (r["engine"], r["kv"], r["attention"]) == BASELINE
+            and not r.get("flash_attn")}
+    best_decode: dict[int, dict] = {}
+    best_prefill: dict[int, dict] = {}
+    for r in rows:
+        if r["engine"] != "llamacpp":
+            continue
+        c = r["context"]
+        if r["decode_tok_s"] > best_decode.get(c, {}).get("decode_tok_s", 0):
+            best_decode[c] = r
+        if r["prefill_tok_s"] > best_prefill.get(c, {}).get("prefill_tok_s", 0):
+            best_prefill[c] = r
     for r in rows:
         b = base.get(r["context"])
         r["vs_llamacpp"] = ({"decode": round(r["decode_tok_s"] / b["decode_tok_s"], 3),
                              "prefill": round(r["prefill_tok_s"] / b["prefill_tok_s"], 3)}
                             if b and b["decode_tok_s"] and b["prefill_tok_s"] else None)
+        bd, bp = best_decode.get(r["context"]), best_prefill.get(r["context"])
+        r["vs_llamacpp_best"] = ({"decode": round(r["decode_tok_s"] / bd["decode_tok_s"], 3),
+                                  "prefill": round(r["prefill_tok_s"] / bp["prefill_tok_s"], 3),
+                                  "decode_of": llamacpp_config(bd), "prefill_of": llamacpp_config(bp)}
+                                 if bd and bp else None)
+
+
+def llamacpp_config(row: dict) -> str:
+    """A llama.cpp row's configuration in words: "q8_0 flash-attn", "f16"."""
+    return row["kv"] + (" flash-attn" if row.get("flash_attn") else "")
 
 
 def _cpu_model() -> str:
@@ -251,24 +307,42 @@ def format_table(report: dict) -> str:
     m = report["machine"]
     lines = [f"{m['model']} on {m['cpu']}, {m['threads']} threads; "
              f"measured read bandwidth {m['read_bandwidth_gb_s']:.1f} GB/s", ""]
-    head = (f"{'engine':<9} {'pin':<4} {'attn':<6} {'kv':<5} {'context':>7} {'prefill t/s':>11} "
+    best = any(r["engine"] == "llamacpp" and r.get("flash_attn") for r in report["results"])
+    head = (f"{'engine':<9} {'pin':<4} {'attn':<6} {'kv':<5} {'fa':<3} {'context':>7} {'prefill t/s':>11} "
             f"{'decode t/s':>10} {'KV B/tok':>8} {'MB/token':>9} {'(weights':>9} {'kv)':>7} {'GB/s':>6} "
             f"{'vs llama.cpp f16: decode':>24} {'prefill':>7}")
+    if best:
+        head += f" {'vs best: decode':>15} {'prefill':>7}"
     lines += [head, "-" * len(head)]
     for r in report["results"]:
         b = r["bytes_per_token"]
         pin = {True: "yes", False: "no"}.get(r.get("pinned"), "-")
+        fa = {True: "on", False: "off"}.get(r.get("flash_attn"), "-")
         vs = r.get("vs_llamacpp")
         ratio = f"{vs['decode']:>23.2f}x {vs['prefill']:>6.2f}x" if vs else f"{'-':>24} {'-':>7}"
-        lines.append(f"{r['engine']:<9} {pin:<4} {r['attention']:<6} {r['kv']:<5} {r['context']:>7} "
-                     f"{r['prefill_tok_s']:>11.1f} {r['decode_tok_s']:>10.1f} {r.get('kv_bytes_per_token', 0):>8} "
+        if best:
+            vb = r.get("vs_llamacpp_best")
+            ratio += f" {vb['decode']:>14.2f}x {vb['prefill']:>6.2f}x" if vb else f" {'-':>15} {'-':>7}"
+        prefill = f"{r['prefill_tok_s']:.1f}" + ("*" if r.get("prefill_from") == "state" else "")
+        lines.append(f"{r['engine']:<9} {pin:<4} {r['attention']:<6} {r['kv']:<5} {fa:<3} {r['context']:>7} "
+                     f"{prefill:>11} {r['decode_tok_s']:>10.1f} {r.get('kv_bytes_per_token', 0):>8} "
                      f"{b['total'] / 1e6:>9.1f} {b['weights'] / 1e6:>9.1f} {b['kv'] / 1e6:>7.1f} "
                      f"{r['gb_s']:>6.2f} {ratio}")
+    if any(r.get("prefill_from") == "state" for r in report["results"]):
+        lines += ["", "* prefill measured when the kept prefilled state was made (an earlier run)"]
+    if best:
+        firsts = {}
+        for r in report["results"]:
+            if r.get("vs_llamacpp_best"):
+                firsts.setdefault(r["context"], r["vs_llamacpp_best"])
+        lines += ["", "llama.cpp's fastest: " + "; ".join(
+            f"{c}: decode {v['decode_of']}, prefill {v['prefill_of']}" for c, v in firsts.items())]
     sparse = next((r["sparse"] for r in report["results"] if r.get("sparse")), None)
     if sparse:
         lines += ["", "sparse: " + ", ".join(f"{k} {v}" for k, v in sparse.items())]
     for s in report.get("skipped", ()):
-        lines.append(f"skipped {s['engine']} {s['kv']} {s['attention']}: {s['reason']}")
+        fa = {True: " flash-attn", False: " no-flash-attn"}.get(s.get("flash_attn"), "")
+        lines.append(f"skipped {s['engine']} {s['kv']} {s['attention']}{fa}: {s['reason']}")
     return "\n".join(lines)
 
 
@@ -301,7 +375,8 @@ def plot(report: dict, path: str) -> None:
 
 
 def _label(r: dict) -> str:
-    return f"{r['engine']} {r['kv']} {r['attention']}" + (" unpinned" if r.get("pinned") is False else "")
+    return (f"{r['engine']} {r['kv']} {r['attention']}" + (" unpinned" if r.get("pinned") is False else "")
+            + (" flash-attn" if r.get("flash_attn") else ""))
 
 
 # ---- KV quality probe of a document (ellm kv-probe, the settings dialog) ---------------------

@@ -38,8 +38,10 @@ def cmd_bench(ctx: Context) -> int:
     pins = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(a.pin)
     if pins is None:
         raise CliError(f"--pin takes on, off or on,off, not '{a.pin}'")
+    states = None if a.no_states else ctx.paths.cache_dir / "bench-states"
     cfg = BenchConfig(model_path=ctx.model_path, engines=engines, contexts=contexts, decode_steps=a.steps,
-                      threads=a.threads or 0, kvs=kvs, attentions=attentions, sparse=sparse, pinning=pins)
+                      threads=a.threads or 0, kvs=kvs, attentions=attentions, sparse=sparse, pinning=pins,
+                      llamacpp_best=a.llamacpp_best, states_dir=states)
     try:
         report = run_bench(cfg, progress=lambda what: err(f"bench: {what}"))
     except ValueError as e:   # a backend refused a combination (its message names it)

@@ -161,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sparse: the prompt's last N tokens choose the blocks decoding reads (0: key bounds)")
     p.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
     p.add_argument("--pin", default="on", help="ellm threads pinned one per CPU: on, off, or on,off to compare")
+    p.add_argument("--llamacpp-best", action="store_true",
+                   help="llama.cpp with f16 and q8_0 KV, flash attention on and off; ratios also against its fastest")
+    p.add_argument("--no-states", action="store_true",
+                   help="prefill every context anew and keep nothing (default: prefilled contexts are kept in "
+                        "the data directory's bench-states folder and loaded by later runs)")
     p.add_argument("--passkey", action="store_true",
                    help="pass key retrieval accuracy instead of speed (a number hidden in long prose)")
     p.add_argument("--trials", type=int, default=5, metavar="N",

@@ -49,8 +49,8 @@ def prefill_reusing_prefix(model: Model, cache: KVCache, tokens: Sequence[int], 
     The last token is always recomputed (its logits are needed). Returns the last logits
     (V,) float32 (None if cancelled) and the number of tokens reused from the cache.
     """
-    n_keep = min(cache.common_prefix(tokens), len(tokens) - 1)
-    cache.truncate(n_keep)
+    cache.truncate(min(cache.common_prefix(tokens), len(tokens) - 1))
+    n_keep = cache.n_tokens   # the blocked cache keeps less: a block boundary or its checkpoint
     return prefill(model, cache, tokens[n_keep:], chunk, cancel, state=state), n_keep
 
 

@@ -235,6 +235,41 @@ class LlamaCppBackend:
                 progress(min(i + step, len(tokens)), len(tokens))
         return Prefix("miss", "computed")
 
+    def save_state(self, path: str | Path) -> int:
+        """Write the context's state (KV cache, tokens; llama_state_save_file) to ``path``;
+        its size in bytes. The benchmark keeps long prefilled contexts this way."""
+        import llama_cpp
+
+        n = self.llm.n_tokens
+        tokens = (llama_cpp.llama_token * max(1, n))(*self.llm.input_ids[:n].tolist())
+        if not llama_cpp.llama_state_save_file(self.llm.ctx, str(path).encode(), tokens, n):
+            raise OSError(f"{path}: llama.cpp could not write its state")
+        return Path(path).stat().st_size
+
+    def load_state(self, path: str | Path, tokens: Sequence[int]) -> bool:
+        """Restore a state written by ``save_state`` if it holds exactly ``tokens``; the next
+        ``generate`` of those tokens then evaluates only the last one again (for its logits)."""
+        import ctypes
+
+        import llama_cpp
+
+        tokens = [int(t) for t in tokens]
+        if len(tokens) > self.n_ctx:
+            return False
+        out = (llama_cpp.llama_token * max(1, self.n_ctx))()
+        n_out = ctypes.c_size_t(0)
+        if not llama_cpp.llama_state_load_file(self.llm.ctx, str(path).encode(), out, self.n_ctx,
+                                               ctypes.byref(n_out)):
+            self.llm.reset()
+            return False
+        if list(out[:n_out.value]) != tokens:
+            self.llm.reset()
+            return False
+        self.llm.input_ids[:len(tokens)] = tokens
+        self.llm.n_tokens = len(tokens)
+        self.llm._requires_eval = True   # the restored logits are not a live decode's
+        return True
+
     def compose(self, files: Sequence[CacheFile], skip: int, room: int) -> list[int]:
         raise ValueError("llama.cpp cannot lay several documents' caches side by side")
 

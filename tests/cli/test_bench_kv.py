@@ -73,7 +73,7 @@ def test_llamacpp_runs_dense_f16_as_the_baseline_and_ratios_divide_by_it(cli, ti
                                    "prefill": round(ours["prefill_tok_s"] / base["prefill_tok_s"], 3)}
     # llama.cpp's q8_0/q4_0 cache needs head sizes that are multiples of 32 (this model's are 16):
     # that run is skipped with the reason, and the others are kept.
-    assert report["skipped"] == [{"engine": "llamacpp", "kv": "k8v4", "attention": "dense", "reason":
+    assert report["skipped"] == [{"engine": "llamacpp", "kv": "k8v4", "attention": "dense", "flash_attn": None, "reason":
                                   "tiny-llama.gguf: llama.cpp's q8_0/q4_0 KV cache needs head sizes that are "
                                   "multiples of 32, this model's are 16/16"}]
     assert "skipped llamacpp k8v4 dense" in text
@@ -103,6 +103,86 @@ def test_ratios_and_the_table_name_the_baseline_per_context():
                           "results": rows})
     assert "vs llama.cpp f16: decode prefill" in table
     assert "1.50x   0.50x" in table.splitlines()[4]
+
+
+def test_plan_runs_llamacpp_in_every_configuration_a_user_picks_for_speed(tmp_path):
+    cfg = BenchConfig(model_path=tmp_path / "m.gguf", kvs=("k8v8",), attentions=("sparse",), llamacpp_best=True)
+    assert plan_runs(cfg) == [Run("ellm", "k8v8", "sparse", True), Run("llamacpp", "f16", "dense", None, False),
+                              Run("llamacpp", "f16", "dense", None, True), Run("llamacpp", "k8v8", "dense", None, True),
+                              Run("llamacpp", "k8v8", "dense", None, False)]
+
+
+def test_ratios_against_llamacpps_fastest_take_each_measure_from_its_own_fastest():
+    def row(engine, kv, fa, decode, prefill):
+        return {"engine": engine, "kv": kv, "attention": "dense", "context": 16384, "pinned": None,
+                "flash_attn": fa, "decode_tok_s": decode, "prefill_tok_s": prefill, "kv_bytes_per_token": 1,
+                "gb_s": 1.0, "bytes_per_token": {"weights": 1, "kv": 0, "metadata": 0, "total": 1}, "sparse": None}
+
+    rows = [row("ellm", "k8v8", None, 12.0, 60.0), row("llamacpp", "f16", False, 4.0, 20.0),
+            row("llamacpp", "f16", True, 6.0, 30.0), row("llamacpp", "k8v8", True, 8.0, 24.0)]
+    add_ratios(rows)
+    ours = rows[0]
+    assert ours["vs_llamacpp"] == {"decode": 3.0, "prefill": 3.0}          # f16 without flash attention
+    assert ours["vs_llamacpp_best"] == {"decode": 1.5, "prefill": 2.0, "decode_of": "k8v8 flash-attn",
+                                        "prefill_of": "f16 flash-attn"}
+    table = format_table({"machine": {"model": "m", "cpu": "c", "threads": 2, "read_bandwidth_gb_s": 9.0},
+                          "results": rows})
+    assert "vs best: decode" in table and "1.50x   2.00x" in table.splitlines()[4]
+    assert "llama.cpp's fastest: 16384: decode k8v8 flash-attn, prefill f16 flash-attn" in table
+
+
+def test_prefilled_contexts_are_kept_and_a_second_run_decodes_from_them(cli, tiny, tmp_path, data_dir,
+                                                                       no_bandwidth_probe):
+    """The first run prefills and keeps each context's cache (llama.cpp's state file, eLLM's
+    blocked prefix file); the second loads them, reports the recorded prefill speed and still
+    measures decode. eLLM's dense f16 cache has no file and is prefilled again. A damaged
+    state is made again."""
+    def bench(name, *extra):
+        out = tmp_path / name
+        rc, text, err = cli("bench", "--model", str(tiny), "--engines", "ellm,llamacpp", "--kv", "f16,k8v4",
+                            "--contexts", "300", "--steps", "3", "--json", str(out), *extra)
+        assert rc == 0, err
+        return {(r["engine"], r["kv"]): r for r in json.loads(out.read_text())["results"]}, text
+
+    first, _ = bench("1.json")
+    assert {k: r["prefill_from"] for k, r in first.items()} == {
+        ("ellm", "f16"): "measured", ("ellm", "k8v4"): "measured", ("llamacpp", "f16"): "measured"}
+    states = data_dir / "cache" / "bench-states"
+    assert len(list(states.glob("*.llama"))) == 1 and len(list(states.glob("*.kv"))) == 1
+    assert len(list(states.glob("*.json"))) == 2
+
+    second, text = bench("2.json")
+    for key in (("ellm", "k8v4"), ("llamacpp", "f16")):
+        assert second[key]["prefill_from"] == "state"
+        assert second[key]["prefill_tok_s"] == first[key]["prefill_tok_s"]   # the recorded figure
+        assert second[key]["decode_steps"] == 3 and second[key]["decode_tok_s"] > 0
+    assert second["ellm", "f16"]["prefill_from"] == "measured"
+    assert "* prefill measured when the kept prefilled state was made" in text
+
+    llama_state = next(states.glob("*.llama"))
+    llama_state.write_bytes(llama_state.read_bytes()[:1000])               # a damaged state
+    third, _ = bench("3.json")
+    assert third["llamacpp", "f16"]["prefill_from"] == "measured" and third["ellm", "k8v4"]["prefill_from"] == "state"
+    assert llama_state.stat().st_size > 1000                               # made again
+
+    fresh, _ = bench("4.json", "--no-states")
+    assert {r["prefill_from"] for r in fresh.values()} == {"measured"}
+
+
+def test_llamacpp_best_runs_flash_attention_on_and_off(cli, tiny, tmp_path, no_bandwidth_probe):
+    out = tmp_path / "best.json"
+    rc, text, err = cli("bench", "--model", str(tiny), "--engines", "llamacpp", "--llamacpp-best",
+                        "--contexts", "64", "--steps", "3", "--json", str(out), "--no-states")
+    assert rc == 0, err
+    report = json.loads(out.read_text())
+    assert [(r["kv"], r["flash_attn"]) for r in report["results"]] == [("f16", False), ("f16", True)]
+    for r in report["results"]:
+        assert r["vs_llamacpp_best"]["decode"] <= 1.0 and r["vs_llamacpp_best"]["prefill"] <= 1.0
+    # this model's head size (16) has no q8_0 cache (k8v8); without flash attention it is refused by name
+    reasons = {s["flash_attn"]: s["reason"] for s in report["skipped"]}
+    assert "multiples of 32" in reasons[True]
+    assert reasons[False] == "llama.cpp's quantized V cache (k8v8) needs flash attention"
+    assert "vs best: decode" in text
 
 
 @pytest.mark.parametrize("args, message", [

@@ -247,6 +247,37 @@ def test_attention_matches_numpy_reference(n_q, pos0):
     np.testing.assert_array_equal(attend(q, _Cache(k2, v2), 1, pos0), out)
 
 
+@pytest.mark.parametrize("h,kvh,hd,pos0,window,threads", [
+    (12, 2, 128, 700, 0, 2),    # Qwen2.5-1.5B's heads: a whole GQA group per work item
+    (4, 1, 64, 1200, 0, 2),     # one KV head: its group split in two for the threads
+    (4, 1, 64, 1200, 512, 1),   # a sliding-window layer (gemma3)
+    (8, 8, 32, 2100, 0, 2),     # no GQA
+])
+def test_decode_attention_by_groups_equals_the_per_head_kernel(h, kvh, hd, pos0, window, threads):
+    """One query token takes the grouped kernel (keys read once per GQA group, value sums
+    kept per lane); it must give the per-head kernel's bits, which follow llama.cpp's."""
+    from app.engine.attention import dense
+    rng = np.random.default_rng(pos0 + h)
+    n_ctx = pos0 + 3
+    k = (2 * rng.standard_normal((2, kvh, n_ctx, hd))).astype(np.float16)  # (L, KVH, C, HD)
+    v = rng.standard_normal((2, kvh, n_ctx, hd)).astype(np.float16)
+    q = (2 * rng.standard_normal((1, h, hd))).astype(np.float32)            # (1, H, HD)
+    assert h * hd * min(pos0 + 1, window or n_ctx) >= dense.PARALLEL_MIN_WORK  # the grouped path
+    per_item = dense._heads_per_item(h, kvh, threads)
+    assert (per_item == h // kvh) == (h // kvh * threads <= h)
+    grouped = np.empty_like(q)
+    dense._attend_one_kernel(q, k.view(np.uint16), v.view(np.uint16), 1, pos0, np.float32(hd ** -0.5),
+                             window, per_item, grouped)
+    per_head = np.empty_like(q)
+    dense._attend_serial(q, k.view(np.uint16), v.view(np.uint16), 1, pos0, np.float32(hd ** -0.5), window,
+                         per_head)
+    np.testing.assert_array_equal(grouped, per_head)
+    np.testing.assert_array_equal(attend(q, _Cache(k, v), 1, pos0, window=window), per_head)
+    # numpy's score sums differ in the last bits, and rounding the probabilities to f16 turns that
+    # into an f16 step (2**-11) now and then over a thousand keys
+    np.testing.assert_allclose(grouped, attend_reference(q, k[1], v[1], pos0, window=window), rtol=3e-3, atol=1e-3)
+
+
 def test_ggml_expf_is_a_faithful_exp():
     from numba import njit
 

@@ -60,3 +60,20 @@ def test_a_checkpoint_of_other_tokens_is_ignored_and_removed(tiny_model, tmp_pat
     seen: list[int] = []
     assert backend(model).ensure_prefix(doc, file, progress=lambda d, t: seen.append(d)).status == "miss"
     assert seen[0] == 0 and not (tmp_path / "doc.kv.partial").exists()
+
+
+def test_a_prompt_that_is_exactly_the_read_prefix_is_answered_from_all_of_it(tiny_model, doc):
+    """The last prompt token is always computed again for its logits; the blocked cache can only
+    go back to a block boundary or its checkpoint, so when the prompt ends at the checkpoint the
+    prefill restarts at the block boundary, at the right positions (it once ran the last token
+    at position 0 and answered from nothing)."""
+    from app.engine.backend import SamplingParams
+
+    model = tiny_model("llama")
+    params = SamplingParams.make_greedy(6)
+    fresh = backend(model)
+    want = list(fresh.generate(doc, params))
+    read = backend(model)
+    assert read.ensure_prefix(doc).status == "miss"
+    assert list(read.generate(doc, params)) == want
+    assert read.cache.n_tokens == len(doc) + len(want) - 1
