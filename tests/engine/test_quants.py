@@ -382,7 +382,7 @@ def _x86_avx2_fma() -> bool:
     return {"avx2", "fma", "f16c"} <= set(flags)
 
 
-@pytest.mark.parametrize("n_tok", [1, 3, 16])
+@pytest.mark.parametrize("n_tok", [1, 3, 16, 42])
 def test_matmul_matches_llama_cpp_ggml_mul_mat(case, ggml_mul_mat, n_tok):
     """The real thing: the same activation quantization and dot products as llama.cpp's CPU
     backend (vec_dot for 1 token, tinyBLAS for more). Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 bit for bit on
@@ -441,6 +441,25 @@ def test_k_quant_batches_take_llamacpps_chains():
     gemv_rows = np.stack([m.matvec(x[k]) for k in range(4)])
     assert not np.array_equal(gemv_rows, y4), "gemm and gemv add in different orders"
     np.testing.assert_allclose(gemv_rows, y4, rtol=1e-5, atol=1e-5 * float(np.abs(y4).max()))
+
+
+def test_q4_k_batches_in_token_tiles_keep_each_tokens_chain():
+    """A wide input (8960: Qwen2.5-1.5B's FFN) makes the AVX2 Q4_K kernel take tokens in tiles
+    of 28 (their activations stay in L2), four at a time inside a tile; a token's outputs must
+    still be those of its four (gemm) or its own gemv, across the tiles' edges."""
+    from app.engine.ops.simd_int import HAS_AVX2
+    if not HAS_AVX2:
+        pytest.skip("the AVX2 kernels only")
+    from app.engine.quant import kquants_avx2
+    n_in = 8960
+    assert kquants_avx2.Q4K_TILE_BYTES // n_in == 29        # tiles of 28 tokens
+    m = QMatrix.from_array(make_raw(Q.Q4_K, 16, n_in), Q.Q4_K)
+    x = make_acts(42, n_in, seed=3)
+    y = m.matmul(x)                                         # tiles [0, 28) and [28, 42); gemv from 40
+    for t0 in (0, 24, 28, 36):
+        np.testing.assert_array_equal(y[t0:t0 + 4], m.matmul(x[t0:t0 + 4]))
+    np.testing.assert_array_equal(y[40], m.matvec(x[40]))
+    np.testing.assert_array_equal(y[41], m.matvec(x[41]))
 
 
 def test_real_shapes_of_smollm2():

@@ -42,8 +42,8 @@ from ..cpu.numa import placed_empty
 from ..ops.f16 import decode_f16
 from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
 from ..ops.simd_int import (add16, add32, bcast32, hsum32, load256, load_f16, load_f16x8, madd16, maddubs,
-                            prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8, to_f32, vand,
-                            vor, zero8i)
+                            prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8, to_f32,
+                            vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
 from .layout import chunk_groups, n_chunks_for
@@ -192,15 +192,55 @@ def _q4k_chunk2(x8, qbase, xq, xa, xb):
     return lo0, hi0, lo1, hi1
 
 
+Q4K_TILE_BYTES = 256 << 10   # Q8_K activations one pass of a chunk's groups reuses (half of a 512 KiB L2)
+
+
 @njit(nogil=True, cache=True, inline="always")
-def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm):
+def _q4k_chunk4(x8, qbase, xq, xa, step):
+    """_q4k_chunk for four tokens (activations from xa, xa + step, ...) sharing each weight
+    vector, as ggml_gemm_q4_K_8x8_q8_K multiplies its fours of tokens."""
+    m4 = splat32(0x0F0F0F0F)
+    lo0 = zero8i()
+    hi0 = zero8i()
+    lo1 = zero8i()
+    hi1 = zero8i()
+    lo2 = zero8i()
+    hi2 = zero8i()
+    lo3 = zero8i()
+    hi3 = zero8i()
+    xb = xa + step
+    xc = xb + step
+    xd = xc + step
+    for k in range(8):
+        w = load256(x8, qbase + 32 * k)
+        wl = vand(w, m4)
+        wh = vand(srl32(w, 4), m4)
+        lo0 = add16(lo0, maddubs(wl, bcast32(xq, xa + 4 * k)))
+        hi0 = add16(hi0, maddubs(wh, bcast32(xq, xa + 32 + 4 * k)))
+        lo1 = add16(lo1, maddubs(wl, bcast32(xq, xb + 4 * k)))
+        hi1 = add16(hi1, maddubs(wh, bcast32(xq, xb + 32 + 4 * k)))
+        lo2 = add16(lo2, maddubs(wl, bcast32(xq, xc + 4 * k)))
+        hi2 = add16(hi2, maddubs(wh, bcast32(xq, xc + 32 + 4 * k)))
+        lo3 = add16(lo3, maddubs(wl, bcast32(xq, xd + 4 * k)))
+        hi3 = add16(hi3, maddubs(wh, bcast32(xq, xd + 32 + 4 * k)))
+    return lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q4k_sums(lo, hi, s_lo, s_hi, mins, bs_pairs, p, dw, dm, dx, a, am):
+    """One chunk's integer sums of one token into its float chains (acc a, mins am)."""
+    a = fma8(to_f32(add32(madd16(lo, s_lo), madd16(hi, s_hi))), mul8(dw, dx), a)
+    am = fma8(to_f32(madd16(mins, bcast32(bs_pairs, p))), mul8(dm, dx), am)
+    return a, am
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm):
     """Every token against the 8 rows of group g: acc / accm (n_tok * 8,) float32 get the
     float chains of llama.cpp's repacked Q4_K product. ggml (repack.cpp forward_mul_mat_one_chunk)
     multiplies a batch's tokens in fours with ggml_gemm_q4_K_8x8_q8_K, which adds each 64-element
     chunk's integer into the float sums, and the last n % 4 tokens (every token of a batch of
     3 or fewer) with ggml_gemv_q4_K_8x8_q8_K, which adds once per super-block."""
-    n_tok = dk.shape[0]
-    n_gemm = n_tok - n_tok % 4
     m6 = splat32(0x3F3F3F3F)
     m4 = splat32(0x0F0F0F0F)
     m2 = splat32(0x03030303)
@@ -223,31 +263,41 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm):
         sc = (_byte_in_halves(s_lo, 0), _byte_in_halves(s_lo, 1), _byte_in_halves(s_lo, 2),
               _byte_in_halves(s_lo, 3), _byte_in_halves(s_hi, 0), _byte_in_halves(s_hi, 1),
               _byte_in_halves(s_hi, 2), _byte_in_halves(s_hi, 3))
-        # ggml_gemm_q4_K_8x8_q8_K, two tokens at a time (they share each unpacked weight
+        # ggml_gemm_q4_K_8x8_q8_K, four tokens at a time (they share each unpacked weight
         # vector): one fma per 64-element chunk
-        for t in range(0, n_gemm, 2):
+        for t in range(t0, min(t1, n_gemm), 4):
             xa = t * n_in + b * QK_K
-            xb = xa + n_in
             pa = (t * nsb + b) * 4
-            pb = pa + nsb * 4
-            dxa = splat8(dk[t, b])
-            dxb = splat8(dk[t + 1, b])
-            a0 = load8(acc, 8 * t)
-            am0 = load8(accm, 8 * t)
-            a1 = load8(acc, 8 * t + 8)
-            am1 = load8(accm, 8 * t + 8)
+            d0 = splat8(dk[t, b])
+            d1 = splat8(dk[t + 1, b])
+            d2 = splat8(dk[t + 2, b])
+            d3 = splat8(dk[t + 3, b])
+            a0 = load8(acc, 8 * (t - t0))
+            am0 = load8(accm, 8 * (t - t0))
+            a1 = load8(acc, 8 * (t - t0) + 8)
+            am1 = load8(accm, 8 * (t - t0) + 8)
+            a2 = load8(acc, 8 * (t - t0) + 16)
+            am2 = load8(accm, 8 * (t - t0) + 16)
+            a3 = load8(acc, 8 * (t - t0) + 24)
+            am3 = load8(accm, 8 * (t - t0) + 24)
             for c in range(4):
-                lo0, hi0, lo1, hi1 = _q4k_chunk2(x8, base + 128 + 256 * c, xq, xa + 64 * c, xb + 64 * c)
-                a0 = fma8(to_f32(add32(madd16(lo0, sc[2 * c]), madd16(hi0, sc[2 * c + 1]))), mul8(dw, dxa), a0)
-                am0 = fma8(to_f32(madd16(mins[c], bcast32(bs_pairs, pa + c))), mul8(dm, dxa), am0)
-                a1 = fma8(to_f32(add32(madd16(lo1, sc[2 * c]), madd16(hi1, sc[2 * c + 1]))), mul8(dw, dxb), a1)
-                am1 = fma8(to_f32(madd16(mins[c], bcast32(bs_pairs, pb + c))), mul8(dm, dxb), am1)
-            store8(a0, acc, 8 * t)
-            store8(am0, accm, 8 * t)
-            store8(a1, acc, 8 * t + 8)
-            store8(am1, accm, 8 * t + 8)
+                lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = _q4k_chunk4(x8, base + 128 + 256 * c, xq, xa + 64 * c, n_in)
+                s_lo = sc[2 * c]
+                s_hi = sc[2 * c + 1]
+                a0, am0 = _q4k_sums(lo0, hi0, s_lo, s_hi, mins[c], bs_pairs, pa + c, dw, dm, d0, a0, am0)
+                a1, am1 = _q4k_sums(lo1, hi1, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 4 + c, dw, dm, d1, a1, am1)
+                a2, am2 = _q4k_sums(lo2, hi2, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 8 + c, dw, dm, d2, a2, am2)
+                a3, am3 = _q4k_sums(lo3, hi3, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 12 + c, dw, dm, d3, a3, am3)
+            store8(a0, acc, 8 * (t - t0))
+            store8(am0, accm, 8 * (t - t0))
+            store8(a1, acc, 8 * (t - t0) + 8)
+            store8(am1, accm, 8 * (t - t0) + 8)
+            store8(a2, acc, 8 * (t - t0) + 16)
+            store8(am2, accm, 8 * (t - t0) + 16)
+            store8(a3, acc, 8 * (t - t0) + 24)
+            store8(am3, accm, 8 * (t - t0) + 24)
         # ggml_gemv_q4_K_8x8_q8_K for the rest: one fma per super-block
-        for t in range(n_gemm, n_tok):
+        for t in range(max(t0, n_gemm), t1):
             xbase = t * n_in + b * QK_K
             pb = (t * nsb + b) * 4
             dx = splat8(dk[t, b])
@@ -257,8 +307,8 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm):
                 lo, hi = _q4k_chunk(x8, base + 128 + 256 * c, xq, xbase + 64 * c)
                 iacc = add32(iacc, add32(madd16(lo, sc[2 * c]), madd16(hi, sc[2 * c + 1])))
                 imin = add32(imin, madd16(mins[c], bcast32(bs_pairs, pb + c)))
-            store8(fma8(to_f32(iacc), mul8(dw, dx), load8(acc, 8 * t)), acc, 8 * t)
-            store8(fma8(to_f32(imin), mul8(dm, dx), load8(accm, 8 * t)), accm, 8 * t)
+            store8(fma8(to_f32(iacc), mul8(dw, dx), load8(acc, 8 * (t - t0))), acc, 8 * (t - t0))
+            store8(fma8(to_f32(imin), mul8(dm, dx), load8(accm, 8 * (t - t0))), accm, 8 * (t - t0))
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -274,20 +324,26 @@ def matmul_q4_k_x8(x8, n_out, n_chunks, x, out):
     nsb = n_in // QK_K
     xq, dk, bs_pairs, bs16 = q8_k_acts(x)
     n_groups = (n_out + ROWS_X8 - 1) // ROWS_X8
+    n_gemm = n_tok - n_tok % 4
+    # Tokens in tiles whose activations (tile x n_in bytes) stay in L2 while the chunk's
+    # groups pass over them; a multiple of 4, so fours of tokens stay fours.
+    tile = max(4, min(n_tok, Q4K_TILE_BYTES // n_in) // 4 * 4)
     for c in prange(n_chunks):
-        acc = np.empty(n_tok * 8, np.float32)       # (n_tok, 8) float32
-        accm = np.empty(n_tok * 8, np.float32)      # (n_tok, 8) float32
-        row = np.empty(8, np.float32)               # (8,) float32
+        acc = np.empty(tile * 8, np.float32)       # (tile, 8) float32
+        accm = np.empty(tile * 8, np.float32)      # (tile, 8) float32
+        row = np.empty(8, np.float32)              # (8,) float32
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            acc[:] = 0
-            accm[:] = 0
-            _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, acc, accm)
-            w = min(ROWS_X8, n_out - g * ROWS_X8)
-            for t in range(n_tok):
-                store8(sub8(load8(acc, 8 * t), load8(accm, 8 * t)), row, 0)
-                for i in range(w):
-                    out[t, g * ROWS_X8 + i] = row[i]
+        for t0 in range(0, n_tok, tile):
+            t1 = min(n_tok, t0 + tile)
+            for g in range(g0, g1):
+                acc[:] = 0
+                accm[:] = 0
+                _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm)
+                w = min(ROWS_X8, n_out - g * ROWS_X8)
+                for t in range(t0, t1):
+                    store8(sub8(load8(acc, 8 * (t - t0)), load8(accm, 8 * (t - t0))), row, 0)
+                    for i in range(w):
+                        out[t, g * ROWS_X8 + i] = row[i]
 
 
 @njit(nogil=True, cache=True)
@@ -378,21 +434,23 @@ def _q6_row(raw, blk0, nsb, n_in, xq, t, dk, bs16):
     return hsum8(acc)
 
 
+Q6K_TOKEN_TILE = 32   # tokens whose Q8_K activations (32 x n_in bytes) one pass of rows reuses
+
+
 @njit(nogil=True, cache=True)
-def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, bs16, acc):
-    """One row times every token in the order of llama.cpp's tiled K-quant matmul
+def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, bs16, t0, t1, acc):
+    """One row times tokens t0..t1 in the order of llama.cpp's tiled K-quant matmul
     (tiled/tiled-kernel.cpp, which ggml takes for batches of TILED_MIN_BATCH tokens or more):
     per block the exact sum s of its products, then acc = fma(d_w * float(s), d_x, acc). Each
-    block is unpacked once for all the tokens. acc (n_tok,) float32, zeroed."""
-    n_tok = dk.shape[0]
+    block is unpacked once for all these tokens. acc (>= t1 - t0,) float32, zeroed."""
     for i in range(nsb):
         blk = blk0 + i * Q6K_BYTES
         dw = load_f16(raw, blk + 208)
         w0, s0 = _q6_unpack(raw, blk, 0)
         w1, s1 = _q6_unpack(raw, blk, 1)
-        for t in range(n_tok):
+        for t in range(t0, t1):
             lanes = _q6_lanes(raw, blk, w0, s0, w1, s1, xq, t * n_in + i * QK_K, bs16, (t * nsb + i) * 16)
-            acc[t] = fma(dw * np.float32(hsum32(lanes)), dk[t, i], acc[t])
+            acc[t - t0] = fma(dw * np.float32(hsum32(lanes)), dk[t, i], acc[t - t0])
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -411,12 +469,16 @@ def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)
         if tiled:
-            acc = np.empty(n_tok, np.float32)       # (n_tok,) float32
-            for r in range(r0, r1):
-                acc[:] = 0
-                _q6_row_tokens(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, dk, bs16, acc)
-                for t in range(n_tok):
-                    out[t, r] = acc[t]
+            # Tokens in tiles whose activations stay in L2 while the chunk's rows pass over
+            # them (a whole batch of an 8960-wide input is 2.3 MB, re-read for every row).
+            acc = np.empty(Q6K_TOKEN_TILE, np.float32)   # (tile,) float32
+            for t0 in range(0, n_tok, Q6K_TOKEN_TILE):
+                t1 = min(n_tok, t0 + Q6K_TOKEN_TILE)
+                for r in range(r0, r1):
+                    acc[:] = 0
+                    _q6_row_tokens(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, dk, bs16, t0, t1, acc)
+                    for t in range(t0, t1):
+                        out[t, r] = acc[t - t0]
         else:
             for r in range(r0, r1):
                 for t in range(n_tok):
