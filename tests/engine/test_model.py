@@ -256,18 +256,18 @@ def test_attention_matches_numpy_reference(n_q, pos0):
 def test_decode_attention_by_groups_equals_the_per_head_kernel(h, kvh, hd, pos0, window, threads):
     """One query token takes the grouped kernel (keys read once per GQA group, value sums
     kept per lane); it must give the per-head kernel's bits, which follow llama.cpp's."""
-    from app.engine.attention import dense
+    from app.engine.attention import dense, dense_groups
     rng = np.random.default_rng(pos0 + h)
     n_ctx = pos0 + 3
     k = (2 * rng.standard_normal((2, kvh, n_ctx, hd))).astype(np.float16)  # (L, KVH, C, HD)
     v = rng.standard_normal((2, kvh, n_ctx, hd)).astype(np.float16)
     q = (2 * rng.standard_normal((1, h, hd))).astype(np.float32)            # (1, H, HD)
     assert h * hd * min(pos0 + 1, window or n_ctx) >= dense.PARALLEL_MIN_WORK  # the grouped path
-    per_item = dense._heads_per_item(h, kvh, threads)
+    per_item = dense_groups.heads_per_item(h, kvh, threads)
     assert (per_item == h // kvh) == (h // kvh * threads <= h)
     grouped = np.empty_like(q)
-    dense._attend_one_kernel(q, k.view(np.uint16), v.view(np.uint16), 1, pos0, np.float32(hd ** -0.5),
-                             window, per_item, grouped)
+    dense_groups.attend_one(q, k.view(np.uint16), v.view(np.uint16), 1, pos0, np.float32(hd ** -0.5),
+                            window, per_item, grouped)
     per_head = np.empty_like(q)
     dense._attend_serial(q, k.view(np.uint16), v.view(np.uint16), 1, pos0, np.float32(hd ** -0.5), window,
                          per_head)
@@ -276,6 +276,33 @@ def test_decode_attention_by_groups_equals_the_per_head_kernel(h, kvh, hd, pos0,
     # numpy's score sums differ in the last bits, and rounding the probabilities to f16 turns that
     # into an f16 step (2**-11) now and then over a thousand keys
     np.testing.assert_allclose(grouped, attend_reference(q, k[1], v[1], pos0, window=window), rtol=3e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("n_q,h,kvh,hd,pos0", [
+    (37, 12, 2, 128, 0),      # Qwen2.5-1.5B's heads, a chunk from the start: tiles cross tokens
+    (21, 12, 2, 128, 300),    # a later chunk; the last tile is partly empty
+    (9, 4, 1, 64, 1000),      # groups of 4: two tokens a tile
+    (5, 6, 6, 32, 77),        # no GQA
+    (3, 15, 5, 64, 10),       # groups of 3 (8 is not a multiple)
+])
+def test_prefill_attention_by_tiles_equals_the_per_head_kernel(n_q, h, kvh, hd, pos0):
+    """Two or more query tokens take the tiled kernel (8 query vectors of one KV head share each
+    key and value row; a key past a token's own position gets probability 0); it must give the
+    per-head kernel's bits (tinyBLAS's lanes, as llama.cpp's prefill)."""
+    from app.engine.attention import dense, dense_groups
+    rng = np.random.default_rng(n_q * 7 + pos0)
+    n_ctx = pos0 + n_q + 5
+    k = (2 * rng.standard_normal((2, kvh, n_ctx, hd))).astype(np.float16)  # (L, KVH, C, HD)
+    v = rng.standard_normal((2, kvh, n_ctx, hd)).astype(np.float16)
+    k[:, :, pos0 + n_q:] = 60                                               # never attended
+    q = (2 * rng.standard_normal((n_q, h, hd))).astype(np.float32)          # (T, H, HD)
+    tiled = np.empty_like(q)
+    dense_groups.attend_batch(q, k.view(np.uint16), v.view(np.uint16), 1, pos0, np.float32(hd ** -0.5), tiled)
+    per_head = np.empty_like(q)
+    dense._attend_serial(q, k.view(np.uint16), v.view(np.uint16), 1, pos0, np.float32(hd ** -0.5), 0, per_head)
+    np.testing.assert_array_equal(tiled, per_head)
+    if n_q * h * hd * (pos0 + n_q) >= dense.PARALLEL_MIN_WORK:
+        np.testing.assert_array_equal(attend(q, _Cache(k, v), 1, pos0), per_head)
 
 
 def test_ggml_expf_is_a_faithful_exp():

@@ -25,28 +25,11 @@ import numpy as np
 from numba import njit, prange
 
 from ..kv.dense import KVCache
-from ..quant.layout import num_threads
-from ..ops.expf import expf8, ggml_expf
 from ..ops.f16 import f16_to_f32, round_f16
-from ..ops.simd import (
-    add8,
-    fma8,
-    hadd_sum8,
-    hsum8,
-    load8,
-    load8_2d,
-    splat8,
-    store8,
-    store8_2d,
-    zero8,
-)
-
-
-@njit(inline="always")
-def _reduce4x8(g0, g1, g2, g3):
-    """GGML_F32x8_REDUCE of ggml_vec_dot_f16's four accumulators: sum0 += sum2,
-    sum1 += sum3, sum0 += sum1, then the horizontal part."""
-    return hadd_sum8(add8(add8(g0, g2), add8(g1, g3)))
+from ..ops.simd import fma8, hsum8, load8, load8_2d, splat8, store8_2d, zero8
+from ..quant.layout import num_threads
+from . import dense_groups
+from .ggml_lanes import reduce4x8, reduce_lanes8, reduce_lanes32, softmax
 
 
 # ---- Kernels ---------------------------------------------------------------------------
@@ -101,51 +84,10 @@ def _scores_vec_dot(k, q16, n_kv, scale, s):
             g1 = fma8(load8_2d(k, j, e + 8), load8(q16, e + 8), g1)
             g2 = fma8(load8_2d(k, j, e + 16), load8(q16, e + 16), g2)
             g3 = fma8(load8_2d(k, j, e + 24), load8(q16, e + 24), g3)
-        dot = np.float64(_reduce4x8(g0, g1, g2, g3))
+        dot = np.float64(reduce4x8(g0, g1, g2, g3))
         for e in range(n_main, head_dim):
             dot += f16_to_f32(k[j, e]) * q16[e]
         s[j] = np.float32(dot) * scale
-
-
-@njit(inline="always")
-def _softmax(s, n):
-    """In place: s[:n] = exp(s - max) / sum, as ggml soft_max_f32 (the scale is applied):
-    ggml_v_expf, each 8-lane register summed in f32 then added to a double total,
-    times (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32)."""
-    s_max = np.float32(-np.inf)
-    for j in range(n):
-        s_max = max(s_max, s[j])
-    minus_max = splat8(-s_max)
-    total = 0.0  # ggml_float (double)
-    n8 = n - n % 8
-    for j0 in range(0, n8, 8):
-        e = expf8(add8(load8(s, j0), minus_max))
-        store8(e, s, j0)
-        total += hsum8(e)
-    if n8 < n:  # llama.cpp pads the cells to a multiple of 256 with masked (zero) entries
-        g = np.zeros(8, dtype=np.float32)
-        for j in range(n8, n):
-            s[j] = ggml_expf(s[j] - s_max)
-            g[j - n8] = s[j]
-        total += hsum8(load8(g, 0))
-    inv = np.float32(1.0 / total)
-    for j in range(n):
-        s[j] = s[j] * inv
-
-
-@njit(inline="always")
-def _reduce_lanes32(acc, out):
-    """out[d] = GGML_F32x8_REDUCE-order sum of the 32 partial sums acc[:, d]."""
-    for d in range(acc.shape[1]):
-        x0 = (acc[0, d] + acc[16, d]) + (acc[8, d] + acc[24, d])
-        x1 = (acc[1, d] + acc[17, d]) + (acc[9, d] + acc[25, d])
-        x2 = (acc[2, d] + acc[18, d]) + (acc[10, d] + acc[26, d])
-        x3 = (acc[3, d] + acc[19, d]) + (acc[11, d] + acc[27, d])
-        x4 = (acc[4, d] + acc[20, d]) + (acc[12, d] + acc[28, d])
-        x5 = (acc[5, d] + acc[21, d]) + (acc[13, d] + acc[29, d])
-        x6 = (acc[6, d] + acc[22, d]) + (acc[14, d] + acc[30, d])
-        x7 = (acc[7, d] + acc[23, d]) + (acc[15, d] + acc[31, d])
-        out[d] = ((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7))
 
 
 @njit(inline="always")
@@ -169,11 +111,9 @@ def _weighted_values(p, v, n_kv, n_acc, acc, out):
             for d in range(0, head_dim, 8):
                 store8_2d(fma8(load8_2d(v, j, d), pv, load8_2d(acc, lane, d)), acc, lane, d)
     if n_acc == 32:
-        _reduce_lanes32(acc, out)
-        return
-    for d in range(head_dim):
-        out[d] = ((acc[0, d] + acc[4, d]) + (acc[2, d] + acc[6, d])) + \
-                 ((acc[1, d] + acc[5, d]) + (acc[3, d] + acc[7, d]))
+        reduce_lanes32(acc, out)
+    else:
+        reduce_lanes8(acc, out)
 
 
 def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
@@ -209,110 +149,9 @@ def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
             _scores_tinyblas(k, q16, n_kv, scale, s)
         else:
             _scores_vec_dot(k, q16, n_kv, scale, s)
-        _softmax(s, n_kv)
+        softmax(s, n_kv)
         acc = np.empty((32, head_dim), dtype=np.float32)  # (32, HD) lane partial sums
         _weighted_values(s, v, n_kv, n_acc, acc, out[t, h])
-
-
-@njit(inline="always")
-def _scores_group(k, q16, n_kv, scale, s):
-    """s[g, j] = (K[j] . q16[g]) * scale for the query heads g of one GQA group, with
-    ggml_vec_dot_f16's lanes as ``_scores_vec_dot``. Key row j is read once for all the
-    heads (llama.cpp's mul_mat blocks the broadcast heads over the same rows the same way);
-    each dot product keeps its own accumulators and order, so the scores are the same bits.
-
-    k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32;  s  # (G, >= n_kv) float32
-    """
-    n_group, head_dim = q16.shape
-    n_main = head_dim - head_dim % 32
-    for j in range(n_kv):
-        for g in range(n_group):
-            g0 = zero8()
-            g1 = zero8()
-            g2 = zero8()
-            g3 = zero8()
-            for e in range(0, n_main, 32):
-                g0 = fma8(load8_2d(k, j, e), load8_2d(q16, g, e), g0)
-                g1 = fma8(load8_2d(k, j, e + 8), load8_2d(q16, g, e + 8), g1)
-                g2 = fma8(load8_2d(k, j, e + 16), load8_2d(q16, g, e + 16), g2)
-                g3 = fma8(load8_2d(k, j, e + 24), load8_2d(q16, g, e + 24), g3)
-            dot = np.float64(_reduce4x8(g0, g1, g2, g3))
-            for e in range(n_main, head_dim):
-                dot += f16_to_f32(k[j, e]) * q16[g, e]
-            s[g, j] = np.float32(dot) * scale
-
-
-@njit(inline="always")
-def _values_group(p, v, n_kv, acc):
-    """acc[g, l] = sum over j = l, l + 32, ... of p[g, j] * V[j], by FMA in j order: for each
-    query head g of a GQA group, the 32 partial sums of ggml_vec_dot_f16 over the cell index
-    (``_weighted_values`` with 32 lanes). 32 dims at a time, so a row of V (one cache line)
-    is read once for every head of the group and the group's partial sums stay in L1.
-
-    p  # (G, >= n_kv) float32, probabilities already rounded to f16
-    v  # (C, HD) uint16 f16 bits, HD % 32 == 0;  acc  # (G, 32, HD) float32, overwritten
-    """
-    n_group = p.shape[0]
-    head_dim = v.shape[1]
-    acc[:] = 0.0
-    for d in range(0, head_dim, 32):
-        for j in range(n_kv):
-            lane = j & 31
-            v0 = load8_2d(v, j, d)
-            v1 = load8_2d(v, j, d + 8)
-            v2 = load8_2d(v, j, d + 16)
-            v3 = load8_2d(v, j, d + 24)
-            for g in range(n_group):
-                a = acc[g]  # (32, HD) float32
-                pv = splat8(p[g, j])
-                store8_2d(fma8(v0, pv, load8_2d(a, lane, d)), a, lane, d)
-                store8_2d(fma8(v1, pv, load8_2d(a, lane, d + 8)), a, lane, d + 8)
-                store8_2d(fma8(v2, pv, load8_2d(a, lane, d + 16)), a, lane, d + 16)
-                store8_2d(fma8(v3, pv, load8_2d(a, lane, d + 24)), a, lane, d + 24)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _attend_one_kernel(q, k_bits, v_bits, layer, pos0, scale, window, per_item, out):
-    """One query token (decode) as ``_attend_kernel`` computes it, bit for bit, a GQA group
-    at a time: each work item takes ``per_item`` query heads that share a KV head, reads
-    their keys once for all of them and keeps the value sums in registers. Needs
-    HD % 32 == 0.
-
-    q  # (1, H, HD) float32;  k_bits, v_bits  # (L, KVH, C, HD) uint16;  out  # (1, H, HD) float32
-    """
-    n_heads, head_dim = q.shape[1], q.shape[2]
-    group = n_heads // k_bits.shape[1]
-    n_kv = pos0 + 1
-    j0 = max(0, n_kv - window) if window > 0 else 0
-    n_kv -= j0
-    for item in prange(n_heads // per_item):
-        h0 = item * per_item
-        k = k_bits[layer, h0 // group, j0:]  # (C - j0, HD) uint16
-        v = v_bits[layer, h0 // group, j0:]  # (C - j0, HD) uint16
-        q16 = np.empty((per_item, head_dim), dtype=np.float32)  # (G', HD) q rounded to f16
-        for g in range(per_item):
-            for d in range(head_dim):
-                q16[g, d] = round_f16(q[0, h0 + g, d])
-        s = np.empty((per_item, n_kv), dtype=np.float32)  # (G', n_kv) scores, then probabilities
-        _scores_group(k, q16, n_kv, scale, s)
-        for g in range(per_item):
-            _softmax(s[g], n_kv)
-            for j in range(n_kv):
-                s[g, j] = round_f16(s[g, j])  # V is f16, so ggml rounds the probabilities too
-        acc = np.empty((per_item, 32, head_dim), dtype=np.float32)  # (G', 32, HD) lane partial sums
-        _values_group(s, v, n_kv, acc)
-        for g in range(per_item):
-            _reduce_lanes32(acc[g], out[0, h0 + g])
-
-
-def _heads_per_item(n_heads: int, n_kv_heads: int, n_threads: int) -> int:
-    """Query heads per work item of the decode kernel: a whole GQA group when there are
-    enough groups for the threads, else the group halved until there are (heads of one
-    item must share their KV head)."""
-    per_item = n_heads // n_kv_heads
-    while n_heads // per_item < n_threads and per_item % 2 == 0:
-        per_item //= 2
-    return per_item
 
 
 _attend_serial = njit(cache=True, nogil=True)(_attend_kernel)
@@ -338,11 +177,16 @@ def attend(q: np.ndarray, cache: KVCache, layer: int, pos0: int, out: np.ndarray
         scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))  # llama.cpp: 1.0f/sqrtf(float(n_embd_head))
     n_keys = min(pos0 + n_q, window) if window > 0 else pos0 + n_q
     work = n_q * n_heads * head_dim * n_keys
-    if n_q == 1 and head_dim % 32 == 0 and work >= PARALLEL_MIN_WORK:
-        per_item = _heads_per_item(n_heads, cache.k_bits.shape[1], num_threads())
-        _attend_one_kernel(q, cache.k_bits, cache.v_bits, layer, pos0, np.float32(scale), window,
-                           per_item, out)
-        return out
+    if work >= PARALLEL_MIN_WORK:
+        # The GQA-group kernels (same bits, each key and value row read once per group)
+        if n_q == 1 and head_dim % 32 == 0:
+            per_item = dense_groups.heads_per_item(n_heads, cache.k_bits.shape[1], num_threads())
+            dense_groups.attend_one(q, cache.k_bits, cache.v_bits, layer, pos0, np.float32(scale), window,
+                                    per_item, out)
+            return out
+        if n_q > 1 and head_dim % 8 == 0 and window == 0:
+            dense_groups.attend_batch(q, cache.k_bits, cache.v_bits, layer, pos0, np.float32(scale), out)
+            return out
     kernel = _attend_parallel if work >= PARALLEL_MIN_WORK else _attend_serial
     kernel(q, cache.k_bits, cache.v_bits, layer, pos0, np.float32(scale), window, out)
     return out

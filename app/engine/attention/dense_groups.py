@@ -1,0 +1,243 @@
+"""f16 attention a GQA group at a time: the query heads (and, in prefill, the tokens) that
+share a KV head are attended together, so each key and value row is read once for several
+query vectors instead of once for each. Every dot product and every lane sum keeps the order of
+dense.py's per-head kernels, which are llama.cpp's (ggml_vec_dot_f16 for one token, tinyBLAS
+for more), so the results are the same bits; only the loops around them change.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ..ops.f16 import f16_to_f32, round_f16
+from ..ops.simd import fma8, hsum8, load8_2d, splat8, store8_2d, zero8
+from .ggml_lanes import reduce4x8, reduce_lanes8, reduce_lanes32, softmax
+
+# ---- One query token (decode) -----------------------------------------------------------------
+
+
+@njit(inline="always")
+def _scores_group(k, q16, n_kv, scale, s):
+    """s[g, j] = (K[j] . q16[g]) * scale for the query heads g of one GQA group, with
+    ggml_vec_dot_f16's lanes as dense.py's ``_scores_vec_dot``. Key row j is read once for all the
+    heads (llama.cpp's mul_mat blocks the broadcast heads over the same rows the same way);
+    each dot product keeps its own accumulators and order, so the scores are the same bits.
+
+    k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32;  s  # (G, >= n_kv) float32
+    """
+    n_group, head_dim = q16.shape
+    n_main = head_dim - head_dim % 32
+    for j in range(n_kv):
+        for g in range(n_group):
+            g0 = zero8()
+            g1 = zero8()
+            g2 = zero8()
+            g3 = zero8()
+            for e in range(0, n_main, 32):
+                g0 = fma8(load8_2d(k, j, e), load8_2d(q16, g, e), g0)
+                g1 = fma8(load8_2d(k, j, e + 8), load8_2d(q16, g, e + 8), g1)
+                g2 = fma8(load8_2d(k, j, e + 16), load8_2d(q16, g, e + 16), g2)
+                g3 = fma8(load8_2d(k, j, e + 24), load8_2d(q16, g, e + 24), g3)
+            dot = np.float64(reduce4x8(g0, g1, g2, g3))
+            for e in range(n_main, head_dim):
+                dot += f16_to_f32(k[j, e]) * q16[g, e]
+            s[g, j] = np.float32(dot) * scale
+
+
+@njit(inline="always")
+def _values_group(p, v, n_kv, acc):
+    """acc[g, l] = sum over j = l, l + 32, ... of p[g, j] * V[j], by FMA in j order: for each
+    query head g of a GQA group, the 32 partial sums of ggml_vec_dot_f16 over the cell index
+    (dense.py's ``_weighted_values`` with 32 lanes). 32 dims at a time, so a row of V (one cache line)
+    is read once for every head of the group and the group's partial sums stay in L1.
+
+    p  # (G, >= n_kv) float32, probabilities already rounded to f16
+    v  # (C, HD) uint16 f16 bits, HD % 32 == 0;  acc  # (G, 32, HD) float32, overwritten
+    """
+    n_group = p.shape[0]
+    head_dim = v.shape[1]
+    acc[:] = 0.0
+    for d in range(0, head_dim, 32):
+        for j in range(n_kv):
+            lane = j & 31
+            v0 = load8_2d(v, j, d)
+            v1 = load8_2d(v, j, d + 8)
+            v2 = load8_2d(v, j, d + 16)
+            v3 = load8_2d(v, j, d + 24)
+            for g in range(n_group):
+                a = acc[g]  # (32, HD) float32
+                pv = splat8(p[g, j])
+                store8_2d(fma8(v0, pv, load8_2d(a, lane, d)), a, lane, d)
+                store8_2d(fma8(v1, pv, load8_2d(a, lane, d + 8)), a, lane, d + 8)
+                store8_2d(fma8(v2, pv, load8_2d(a, lane, d + 16)), a, lane, d + 16)
+                store8_2d(fma8(v3, pv, load8_2d(a, lane, d + 24)), a, lane, d + 24)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def attend_one(q, k_bits, v_bits, layer, pos0, scale, window, per_item, out):
+    """One query token (decode) as dense.py's ``_attend_kernel`` computes it, bit for bit, a GQA group
+    at a time: each work item takes ``per_item`` query heads that share a KV head and reads
+    each key and value row once for all of them (the group's lane sums stay in L1). Needs
+    HD % 32 == 0.
+
+    q  # (1, H, HD) float32;  k_bits, v_bits  # (L, KVH, C, HD) uint16;  out  # (1, H, HD) float32
+    """
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    group = n_heads // k_bits.shape[1]
+    n_kv = pos0 + 1
+    j0 = max(0, n_kv - window) if window > 0 else 0
+    n_kv -= j0
+    for item in prange(n_heads // per_item):
+        h0 = item * per_item
+        k = k_bits[layer, h0 // group, j0:]  # (C - j0, HD) uint16
+        v = v_bits[layer, h0 // group, j0:]  # (C - j0, HD) uint16
+        q16 = np.empty((per_item, head_dim), dtype=np.float32)  # (G', HD) q rounded to f16
+        for g in range(per_item):
+            for d in range(head_dim):
+                q16[g, d] = round_f16(q[0, h0 + g, d])
+        s = np.empty((per_item, n_kv), dtype=np.float32)  # (G', n_kv) scores, then probabilities
+        _scores_group(k, q16, n_kv, scale, s)
+        for g in range(per_item):
+            softmax(s[g], n_kv)
+            for j in range(n_kv):
+                s[g, j] = round_f16(s[g, j])  # V is f16, so ggml rounds the probabilities too
+        acc = np.empty((per_item, 32, head_dim), dtype=np.float32)  # (G', 32, HD) lane partial sums
+        _values_group(s, v, n_kv, acc)
+        for g in range(per_item):
+            reduce_lanes32(acc[g], out[0, h0 + g])
+
+
+def heads_per_item(n_heads: int, n_kv_heads: int, n_threads: int) -> int:
+    """Query heads per work item of the decode kernel: a whole GQA group when there are
+    enough groups for the threads, else the group halved until there are (heads of one
+    item must share their KV head)."""
+    per_item = n_heads // n_kv_heads
+    while n_heads // per_item < n_threads and per_item % 2 == 0:
+        per_item //= 2
+    return per_item
+
+
+# ---- Two or more query tokens (prefill) -------------------------------------------------------
+
+TILE = 8   # query vectors (token, head) attended together: 8 accumulators in registers
+
+
+@njit(inline="always")
+def _scores_tile(k, q16, n_kv, scale, s):
+    """s[i, j] = (K[j] . q16[i]) * scale for the TILE query vectors of a tile, each dot with
+    tinyBLAS's lanes (dense.py ``_scores_tinyblas``: one 8-lane accumulator, then hsum); each
+    8 values of key row j are converted once for the tile's 8 dots.
+
+    k  # (C, HD) uint16 f16 bits;  q16  # (TILE, HD) float32;  s  # (TILE, >= n_kv) float32
+    """
+    head_dim = q16.shape[1]
+    for j in range(n_kv):
+        a0 = zero8()
+        a1 = zero8()
+        a2 = zero8()
+        a3 = zero8()
+        a4 = zero8()
+        a5 = zero8()
+        a6 = zero8()
+        a7 = zero8()
+        for e in range(0, head_dim, 8):
+            ke = load8_2d(k, j, e)
+            a0 = fma8(ke, load8_2d(q16, 0, e), a0)
+            a1 = fma8(ke, load8_2d(q16, 1, e), a1)
+            a2 = fma8(ke, load8_2d(q16, 2, e), a2)
+            a3 = fma8(ke, load8_2d(q16, 3, e), a3)
+            a4 = fma8(ke, load8_2d(q16, 4, e), a4)
+            a5 = fma8(ke, load8_2d(q16, 5, e), a5)
+            a6 = fma8(ke, load8_2d(q16, 6, e), a6)
+            a7 = fma8(ke, load8_2d(q16, 7, e), a7)
+        s[0, j] = hsum8(a0) * scale
+        s[1, j] = hsum8(a1) * scale
+        s[2, j] = hsum8(a2) * scale
+        s[3, j] = hsum8(a3) * scale
+        s[4, j] = hsum8(a4) * scale
+        s[5, j] = hsum8(a5) * scale
+        s[6, j] = hsum8(a6) * scale
+        s[7, j] = hsum8(a7) * scale
+
+
+@njit(inline="always")
+def _values_tile(pt, v, n_kv, acc):
+    """acc[i, l] = sum over j = l, l + 8, ... of pt[j, i] * V[j], by FMA in j order: tinyBLAS's
+    8 partial sums over the cell index (dense.py ``_weighted_values`` with 8 lanes) for the
+    TILE query vectors, 8 dims at a time with their sums in registers, so each value row is
+    read once for the tile. A probability of 0 (a masked key) adds an exact zero.
+
+    pt  # (>= n_kv, TILE) float32, probabilities already rounded to f16, by key
+    v   # (C, HD) uint16 f16 bits;  acc  # (TILE, 8, HD) float32, overwritten
+    """
+    head_dim = v.shape[1]
+    for d in range(0, head_dim, 8):
+        for lane in range(8):
+            a0 = zero8()
+            a1 = zero8()
+            a2 = zero8()
+            a3 = zero8()
+            a4 = zero8()
+            a5 = zero8()
+            a6 = zero8()
+            a7 = zero8()
+            for j in range(lane, n_kv, 8):
+                vj = load8_2d(v, j, d)
+                a0 = fma8(vj, splat8(pt[j, 0]), a0)
+                a1 = fma8(vj, splat8(pt[j, 1]), a1)
+                a2 = fma8(vj, splat8(pt[j, 2]), a2)
+                a3 = fma8(vj, splat8(pt[j, 3]), a3)
+                a4 = fma8(vj, splat8(pt[j, 4]), a4)
+                a5 = fma8(vj, splat8(pt[j, 5]), a5)
+                a6 = fma8(vj, splat8(pt[j, 6]), a6)
+                a7 = fma8(vj, splat8(pt[j, 7]), a7)
+            store8_2d(a0, acc[0], lane, d)
+            store8_2d(a1, acc[1], lane, d)
+            store8_2d(a2, acc[2], lane, d)
+            store8_2d(a3, acc[3], lane, d)
+            store8_2d(a4, acc[4], lane, d)
+            store8_2d(a5, acc[5], lane, d)
+            store8_2d(a6, acc[6], lane, d)
+            store8_2d(a7, acc[7], lane, d)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def attend_batch(q, k_bits, v_bits, layer, pos0, scale, out):
+    """Two or more query tokens (prefill, no sliding window) as dense.py's ``_attend_kernel``
+    computes them, bit for bit, TILE query vectors at a time: the heads of one GQA group for
+    consecutive tokens (vector m of KV head kvh is token m // G, head kvh * G + m % G). Each
+    query sees its own causal prefix; keys past it get probability 0 in the shared sweep. Needs
+    HD % 8 == 0.
+
+    q  # (T, H, HD) float32;  k_bits, v_bits  # (L, KVH, C, HD) uint16;  out  # (T, H, HD) float32
+    """
+    n_q, n_heads, head_dim = q.shape
+    n_kv_heads = k_bits.shape[1]
+    group = n_heads // n_kv_heads
+    per_head = n_q * group                   # query vectors of one KV head
+    n_tiles = (per_head + TILE - 1) // TILE
+    for item in prange(n_kv_heads * n_tiles):
+        kvh = item // n_tiles
+        m0 = (item - kvh * n_tiles) * TILE
+        m = min(TILE, per_head - m0)
+        n_max = pos0 + (m0 + m - 1) // group + 1     # keys of the tile's last token
+        k = k_bits[layer, kvh]  # (C, HD) uint16
+        v = v_bits[layer, kvh]  # (C, HD) uint16
+        q16 = np.zeros((TILE, head_dim), dtype=np.float32)   # (TILE, HD) q rounded to f16
+        for i in range(m):
+            t = (m0 + i) // group
+            h = kvh * group + (m0 + i) % group
+            for d in range(head_dim):
+                q16[i, d] = round_f16(q[t, h, d])
+        s = np.empty((TILE, n_max), dtype=np.float32)         # (TILE, n_max) scores
+        _scores_tile(k, q16, n_max, scale, s)
+        pt = np.zeros((n_max, TILE), dtype=np.float32)        # (n_max, TILE) probabilities by key
+        for i in range(m):
+            n_kv = pos0 + (m0 + i) // group + 1
+            softmax(s[i], n_kv)
+            for j in range(n_kv):
+                pt[j, i] = round_f16(s[i, j])   # V is f16, so ggml rounds the probabilities too
+        acc = np.empty((TILE, 8, head_dim), dtype=np.float32)  # (TILE, 8, HD) lane partial sums
+        _values_tile(pt, v, n_max, acc)
+        for i in range(m):
+            reduce_lanes8(acc[i], out[(m0 + i) // group, kvh * group + (m0 + i) % group])

@@ -1,0 +1,68 @@
+"""The reductions and the softmax of llama.cpp's f16 attention path (no flash attention), as
+numba helpers shared by the per-head kernels (dense.py) and the GQA-group kernels
+(dense_groups.py): the same lanes and the same trees, so every kernel gives the same bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..ops.expf import expf8, ggml_expf
+from ..ops.simd import add8, hadd_sum8, hsum8, load8, splat8, store8
+
+
+@njit(inline="always")
+def reduce4x8(g0, g1, g2, g3):
+    """GGML_F32x8_REDUCE of ggml_vec_dot_f16's four accumulators: sum0 += sum2,
+    sum1 += sum3, sum0 += sum1, then the horizontal part."""
+    return hadd_sum8(add8(add8(g0, g2), add8(g1, g3)))
+
+
+@njit(inline="always")
+def softmax(s, n):
+    """In place: s[:n] = exp(s - max) / sum, as ggml soft_max_f32 (the scale is applied):
+    ggml_v_expf, each 8-lane register summed in f32 then added to a double total,
+    times (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32)."""
+    s_max = np.float32(-np.inf)
+    for j in range(n):
+        s_max = max(s_max, s[j])
+    minus_max = splat8(-s_max)
+    total = 0.0  # ggml_float (double)
+    n8 = n - n % 8
+    for j0 in range(0, n8, 8):
+        e = expf8(add8(load8(s, j0), minus_max))
+        store8(e, s, j0)
+        total += hsum8(e)
+    if n8 < n:  # llama.cpp pads the cells to a multiple of 256 with masked (zero) entries
+        g = np.zeros(8, dtype=np.float32)
+        for j in range(n8, n):
+            s[j] = ggml_expf(s[j] - s_max)
+            g[j - n8] = s[j]
+        total += hsum8(load8(g, 0))
+    inv = np.float32(1.0 / total)
+    for j in range(n):
+        s[j] = s[j] * inv
+
+
+@njit(inline="always")
+def reduce_lanes32(acc, out):
+    """out[d] = GGML_F32x8_REDUCE-order sum of the 32 partial sums acc[:, d]."""
+    for d in range(acc.shape[1]):
+        x0 = (acc[0, d] + acc[16, d]) + (acc[8, d] + acc[24, d])
+        x1 = (acc[1, d] + acc[17, d]) + (acc[9, d] + acc[25, d])
+        x2 = (acc[2, d] + acc[18, d]) + (acc[10, d] + acc[26, d])
+        x3 = (acc[3, d] + acc[19, d]) + (acc[11, d] + acc[27, d])
+        x4 = (acc[4, d] + acc[20, d]) + (acc[12, d] + acc[28, d])
+        x5 = (acc[5, d] + acc[21, d]) + (acc[13, d] + acc[29, d])
+        x6 = (acc[6, d] + acc[22, d]) + (acc[14, d] + acc[30, d])
+        x7 = (acc[7, d] + acc[23, d]) + (acc[15, d] + acc[31, d])
+        out[d] = ((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7))
+
+
+@njit(inline="always")
+def reduce_lanes8(acc, out):
+    """out[d] = tinyBLAS's hsum order of the 8 partial sums acc[:8, d]:
+    ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
+    for d in range(out.shape[0]):
+        out[d] = ((acc[0, d] + acc[4, d]) + (acc[2, d] + acc[6, d])) + \
+                 ((acc[1, d] + acc[5, d]) + (acc[3, d] + acc[7, d]))
