@@ -141,7 +141,8 @@ def filler_prompt(backend, n_tokens: int, salt: int = 0) -> list[int]:
     return tokens[:n_tokens]
 
 
-def measure(backend, context: int, steps: int, salt: int = 0, states=None) -> tuple[float, float, int, str]:
+def measure(backend, context: int, steps: int, salt: int = 0, states=None,
+            progress=None) -> tuple[float, float, int, str]:
     """(prefill tok/s, decode tok/s median over steps, steps done, where the prefill figure
     comes from) at ``context``. With ``states`` (BenchStates) the prompt's cache is loaded when
     it was kept by an earlier run (its prefill speed is the one recorded then: "state"), else
@@ -152,9 +153,24 @@ def measure(backend, context: int, steps: int, salt: int = 0, states=None) -> tu
         return context / (stamps[0] - t0), decode_rate(stamps), len(stamps), "measured"
     # The kept prefix is all but the prompt's last token, which generate then computes for its
     # logits (as a question after a read document: the prefix from the cache, the rest anew).
-    done = states.prefill(backend, prompt[:-1], context)
+    done = states.prefill(backend, prompt[:-1], context, progress=_every(30.0, progress))
     _, stamps = timed_tokens(backend, prompt, steps)
     return done.prefill_tok_s, decode_rate(stamps), len(stamps), "state" if done.source == "loaded" else "measured"
+
+
+def _every(seconds: float, say):
+    """A prefill progress callback that says "N of M tokens prefilled" at most every ``seconds``
+    (a 32K context takes tens of minutes on two cores)."""
+    if say is None:
+        return None
+    last = [time.monotonic()]
+
+    def progress(done: int, total: int) -> None:
+        if time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            say(f"{done} of {total} tokens prefilled")
+
+    return progress
 
 
 def timed_tokens(backend, prompt: list[int], steps: int) -> tuple[float, list[float]]:
@@ -240,7 +256,9 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                 progress(f"{run.label}: {context} tokens of context")
             # The same prompt for every run at a context (and across runs of the bench, so kept
             # states match); each run loads it anew, so nothing is reused from another context.
-            prefill, decode, steps, source = measure(backend, context, cfg.decode_steps, context, states)
+            say = (lambda what, label=f"{run.label}: {context} tokens of context": progress(f"{label}: {what}")) \
+                if progress else None
+            prefill, decode, steps, source = measure(backend, context, cfg.decode_steps, context, states, say)
             # The cache's cost at this context, as the engine counted it after the prefill.
             stored, kv_read = backend.stats.kv_bytes_per_token, backend.stats.kv_read_bytes_per_token
             bpt = {"weights": weights, "kv": kv_read, "metadata": 0, "total": weights + kv_read}

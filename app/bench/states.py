@@ -51,41 +51,50 @@ class BenchStates:
         prefilled (timed) and kept."""
         tokens = [int(t) for t in tokens]
         key = self._key(backend, context, tokens)
+        resumed_at: list[int] = []     # where the prefill started: a reading checkpoint may have part of it
+
+        def track(done: int, total: int) -> None:
+            if not resumed_at:
+                resumed_at.append(done)
+            if progress is not None:
+                progress(done, total)
+
         record_path = self.root / f"{key}.json"
         record = _read_record(record_path)
         if backend.name == "llamacpp":
             path = self.root / f"{key}.llama"
             if record and path.exists() and backend.load_state(path, tokens):
                 return Prefilled("loaded", record["prefill_tok_s"], 0.0)
-            seconds = _timed_prefix(backend, tokens, None, progress)
+            seconds = _timed_prefix(backend, tokens, track)
             self.root.mkdir(parents=True, exist_ok=True)
             backend.save_state(path)
         else:
             path = self.root / f"{key}.kv"
             file = CacheFile(path, {"key": key, "bench_states": STATES_VERSION}, exists=bool(record) and path.exists())
+            self.root.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            if backend.blocked:
-                self.root.mkdir(parents=True, exist_ok=True)
-            result = backend.ensure_prefix(tokens, file, progress=progress)
+            result = backend.ensure_prefix(tokens, file, progress=track)
             seconds = time.perf_counter() - t0
             if result is None:
                 raise RuntimeError("the prefill was cancelled")
-            if result.status == "hit" and record:
-                return Prefilled("loaded", record["prefill_tok_s"], seconds)
+            if result.status == "hit":    # from its file (or still in memory)
+                return Prefilled("loaded", record["prefill_tok_s"] if record else 0.0, seconds)
             if not backend.blocked:
-                return Prefilled("prefilled", len(tokens) / seconds, seconds)
+                computed = len(tokens) - (resumed_at[0] if resumed_at else len(tokens))
+                return Prefilled("prefilled", computed / seconds if computed else 0.0, seconds)
             if result.save_error:
                 raise OSError(result.save_error)
-        rate = len(tokens) / seconds
-        _write_record(record_path, {"prefill_tok_s": rate, "seconds": seconds, "tokens": len(tokens),
+        computed = len(tokens) - (resumed_at[0] if resumed_at else 0)
+        rate = computed / seconds
+        _write_record(record_path, {"prefill_tok_s": rate, "seconds": seconds, "tokens": computed,
                                     "made": time.strftime("%Y-%m-%d %H:%M:%S"), "engine": backend.name,
                                     "settings": backend.cache_signature()})
         return Prefilled("made", rate, seconds)
 
 
-def _timed_prefix(backend, tokens: list[int], file, progress) -> float:
+def _timed_prefix(backend, tokens: list[int], progress) -> float:
     t0 = time.perf_counter()
-    if backend.ensure_prefix(tokens, file, progress=progress) is None:
+    if backend.ensure_prefix(tokens, progress=progress) is None:
         raise RuntimeError("the prefill was cancelled")
     return time.perf_counter() - t0
 

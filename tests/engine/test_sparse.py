@@ -255,3 +255,26 @@ def test_a_question_after_a_document_keeps_its_checkpoint_and_votes_every_layer(
     assert b.cache.checkpoint is not None and b.cache.checkpoint.n_tokens == len(doc)
     again = list(b.generate(doc + question, SamplingParams.make_greedy(4)))
     assert again == first and b.stats.reused_prompt_tokens == len(doc)
+
+
+@pytest.mark.parametrize("n_tok,group,n_keys", [(50, 3, 2600), (7, 2, 300), (130, 1, 1100)])
+def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys):
+    """The prefill's scores, causal softmax and values (each thread a run of the queries, BLAS
+    products) against float64 numpy: keys at positions after a query's get nothing."""
+    from app.engine.attention import blocks
+    rng = np.random.default_rng(n_keys)
+    hd = 32
+    qh = rng.standard_normal((n_tok * group, hd)).astype(np.float32)         # (T*G, HD)
+    k = rng.standard_normal((n_keys, hd)).astype(np.float32)                 # (N, HD)
+    v = rng.standard_normal((n_keys, hd)).astype(np.float32)
+    key_pos = np.sort(rng.choice(4 * n_keys, n_keys, replace=False)).astype(np.int64)   # (N,) ascending
+    query_pos = np.sort(rng.choice(np.arange(key_pos[0], key_pos[-1] + 1), n_tok)).astype(np.int64)
+    scale = np.float32(hd ** -0.5)
+    out = np.empty_like(qh)
+    blocks._products(qh, k, v, key_pos, query_pos, group, scale, 2, out)
+    s = (qh.astype(np.float64) @ k.T.astype(np.float64)) * float(scale)     # (T*G, N)
+    seen = key_pos[None, :] <= np.repeat(query_pos, group)[:, None]
+    s = np.where(seen, s, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
