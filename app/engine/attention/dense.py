@@ -25,11 +25,11 @@ import numpy as np
 from numba import njit, prange
 
 from ..kv.dense import KVCache
-from ..ops.f16 import f16_to_f32, round_f16
+from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8, load8_2d, splat8, store8_2d, zero8
 from ..quant.layout import num_threads
 from . import dense_groups
-from .ggml_lanes import reduce4x8, reduce_lanes8, reduce_lanes32, softmax
+from .ggml_lanes import reduce_lanes8, reduce_lanes32, softmax, vec_dot_f16
 
 
 # ---- Kernels ---------------------------------------------------------------------------
@@ -70,24 +70,13 @@ def _scores_tinyblas(k, q16, n_kv, scale, s):
 
 @njit(inline="always")
 def _scores_vec_dot(k, q16, n_kv, scale, s):
-    """s[j] = (K[j] . q16) * scale with ggml_vec_dot_f16's lanes: four 8-lane accumulators
-    over steps of 32, reduced by GGML_F32x8_REDUCE; leftovers (HD % 32) added in double."""
-    head_dim = q16.shape[0]
-    n_main = head_dim - head_dim % 32
+    """s[j] = (K[j] . q16) * scale with ggml_vec_dot_f16's lanes (one decode token).
+
+    k  # (C, HD) uint16 f16 bits;  q16  # (HD,) float32;  s  # (>= n_kv,) float32
+    """
+    q2 = q16.reshape((1, q16.shape[0]))  # (1, HD)
     for j in range(n_kv):
-        g0 = zero8()
-        g1 = zero8()
-        g2 = zero8()
-        g3 = zero8()
-        for e in range(0, n_main, 32):
-            g0 = fma8(load8_2d(k, j, e), load8(q16, e), g0)
-            g1 = fma8(load8_2d(k, j, e + 8), load8(q16, e + 8), g1)
-            g2 = fma8(load8_2d(k, j, e + 16), load8(q16, e + 16), g2)
-            g3 = fma8(load8_2d(k, j, e + 24), load8(q16, e + 24), g3)
-        dot = np.float64(reduce4x8(g0, g1, g2, g3))
-        for e in range(n_main, head_dim):
-            dot += f16_to_f32(k[j, e]) * q16[e]
-        s[j] = np.float32(dot) * scale
+        s[j] = vec_dot_f16(k, j, q2, 0) * scale
 
 
 @njit(inline="always")

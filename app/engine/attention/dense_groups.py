@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..ops.f16 import f16_to_f32, round_f16
+from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8_2d, splat8, store8_2d, zero8
-from .ggml_lanes import reduce4x8, reduce_lanes8, reduce_lanes32, softmax
+from .ggml_lanes import reduce_lanes8, reduce_lanes32, softmax, vec_dot_f16
 
 # ---- One query token (decode) -----------------------------------------------------------------
 
@@ -19,29 +19,15 @@ from .ggml_lanes import reduce4x8, reduce_lanes8, reduce_lanes32, softmax
 @njit(inline="always")
 def _scores_group(k, q16, n_kv, scale, s):
     """s[g, j] = (K[j] . q16[g]) * scale for the query heads g of one GQA group, with
-    ggml_vec_dot_f16's lanes as dense.py's ``_scores_vec_dot``. Key row j is read once for all the
+    ggml_vec_dot_f16's lanes (``vec_dot_f16``). Key row j is read once for all the
     heads (llama.cpp's mul_mat blocks the broadcast heads over the same rows the same way);
     each dot product keeps its own accumulators and order, so the scores are the same bits.
 
     k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32;  s  # (G, >= n_kv) float32
     """
-    n_group, head_dim = q16.shape
-    n_main = head_dim - head_dim % 32
     for j in range(n_kv):
-        for g in range(n_group):
-            g0 = zero8()
-            g1 = zero8()
-            g2 = zero8()
-            g3 = zero8()
-            for e in range(0, n_main, 32):
-                g0 = fma8(load8_2d(k, j, e), load8_2d(q16, g, e), g0)
-                g1 = fma8(load8_2d(k, j, e + 8), load8_2d(q16, g, e + 8), g1)
-                g2 = fma8(load8_2d(k, j, e + 16), load8_2d(q16, g, e + 16), g2)
-                g3 = fma8(load8_2d(k, j, e + 24), load8_2d(q16, g, e + 24), g3)
-            dot = np.float64(reduce4x8(g0, g1, g2, g3))
-            for e in range(n_main, head_dim):
-                dot += f16_to_f32(k[j, e]) * q16[g, e]
-            s[g, j] = np.float32(dot) * scale
+        for g in range(q16.shape[0]):
+            s[g, j] = vec_dot_f16(k, j, q16, g) * scale
 
 
 @njit(inline="always")

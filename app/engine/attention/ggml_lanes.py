@@ -8,7 +8,8 @@ import numpy as np
 from numba import njit
 
 from ..ops.expf import expf8, ggml_expf
-from ..ops.simd import add8, hadd_sum8, hsum8, load8, splat8, store8
+from ..ops.f16 import f16_to_f32
+from ..ops.simd import add8, fma8, hadd_sum8, hsum8, load8, load8_2d, splat8, store8, zero8
 
 
 @njit(inline="always")
@@ -66,3 +67,27 @@ def reduce_lanes8(acc, out):
     for d in range(out.shape[0]):
         out[d] = ((acc[0, d] + acc[4, d]) + (acc[2, d] + acc[6, d])) + \
                  ((acc[1, d] + acc[5, d]) + (acc[3, d] + acc[7, d]))
+
+
+@njit(inline="always")
+def vec_dot_f16(k, j, q16, g):
+    """K[j] . q16[g] with ggml_vec_dot_f16's lanes: four 8-lane accumulators over steps of 32,
+    reduced by GGML_F32x8_REDUCE; leftovers (HD % 32) added in double.
+
+    k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32, already rounded to f16
+    """
+    head_dim = q16.shape[1]
+    n_main = head_dim - head_dim % 32
+    g0 = zero8()
+    g1 = zero8()
+    g2 = zero8()
+    g3 = zero8()
+    for e in range(0, n_main, 32):
+        g0 = fma8(load8_2d(k, j, e), load8_2d(q16, g, e), g0)
+        g1 = fma8(load8_2d(k, j, e + 8), load8_2d(q16, g, e + 8), g1)
+        g2 = fma8(load8_2d(k, j, e + 16), load8_2d(q16, g, e + 16), g2)
+        g3 = fma8(load8_2d(k, j, e + 24), load8_2d(q16, g, e + 24), g3)
+    dot = np.float64(reduce4x8(g0, g1, g2, g3))
+    for e in range(n_main, head_dim):
+        dot += f16_to_f32(k[j, e]) * q16[g, e]
+    return np.float32(dot)

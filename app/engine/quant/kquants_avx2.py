@@ -173,25 +173,6 @@ def _q4k_chunk(x8, qbase, xq, xbase):
     return lo, hi
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _q4k_chunk2(x8, qbase, xq, xa, xb):
-    """_q4k_chunk for two tokens (activations from xa and xb) sharing each weight vector."""
-    m4 = splat32(0x0F0F0F0F)
-    lo0 = zero8i()
-    hi0 = zero8i()
-    lo1 = zero8i()
-    hi1 = zero8i()
-    for k in range(8):
-        w = load256(x8, qbase + 32 * k)
-        wl = vand(w, m4)
-        wh = vand(srl32(w, 4), m4)
-        lo0 = add16(lo0, maddubs(wl, bcast32(xq, xa + 4 * k)))
-        hi0 = add16(hi0, maddubs(wh, bcast32(xq, xa + 32 + 4 * k)))
-        lo1 = add16(lo1, maddubs(wl, bcast32(xq, xb + 4 * k)))
-        hi1 = add16(hi1, maddubs(wh, bcast32(xq, xb + 32 + 4 * k)))
-    return lo0, hi0, lo1, hi1
-
-
 Q4K_TILE_BYTES = 256 << 10   # Q8_K activations one pass of a chunk's groups reuses (half of a 512 KiB L2)
 
 
