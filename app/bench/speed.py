@@ -304,7 +304,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def llamacpp_config(row: dict) -> str:
-    """A llama.cpp row's configuration in words: "q8_0 flash-attn", "f16"."""
+    """A llama.cpp row's configuration in words: "k8v8 flash-attn", "f16"."""
     return row["kv"] + (" flash-attn" if row.get("flash_attn") else "")
 
 

@@ -61,42 +61,33 @@ class BenchStates:
 
         record_path = self.root / f"{key}.json"
         record = _read_record(record_path)
+        file = None
         if backend.name == "llamacpp":
             path = self.root / f"{key}.llama"
             if record and path.exists() and backend.load_state(path, tokens):
                 return Prefilled("loaded", record["prefill_tok_s"], 0.0)
-            seconds = _timed_prefix(backend, tokens, track)
-            self.root.mkdir(parents=True, exist_ok=True)
-            backend.save_state(path)
-        else:
+        else:   # eLLM's blocked cache writes (and finds) its prefix file itself; f16 dense has none
             path = self.root / f"{key}.kv"
             file = CacheFile(path, {"key": key, "bench_states": STATES_VERSION}, exists=bool(record) and path.exists())
-            self.root.mkdir(parents=True, exist_ok=True)
-            t0 = time.perf_counter()
-            result = backend.ensure_prefix(tokens, file, progress=track)
-            seconds = time.perf_counter() - t0
-            if result is None:
-                raise RuntimeError("the prefill was cancelled")
-            if result.status == "hit":    # from its file (or still in memory)
-                return Prefilled("loaded", record["prefill_tok_s"] if record else 0.0, seconds)
-            if not backend.blocked:
-                computed = len(tokens) - (resumed_at[0] if resumed_at else len(tokens))
-                return Prefilled("prefilled", computed / seconds if computed else 0.0, seconds)
-            if result.save_error:
-                raise OSError(result.save_error)
-        computed = len(tokens) - (resumed_at[0] if resumed_at else 0)
-        rate = computed / seconds
-        _write_record(record_path, {"prefill_tok_s": rate, "seconds": seconds, "tokens": computed,
+        self.root.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        result = backend.ensure_prefix(tokens, file, progress=track)
+        seconds = time.perf_counter() - t0
+        if result is None:
+            raise RuntimeError("the prefill was cancelled")
+        if result.status == "hit":    # from its file (or still in memory)
+            return Prefilled("loaded", record["prefill_tok_s"] if record else 0.0, seconds)
+        rate = (len(tokens) - resumed_at[0]) / seconds   # a computed prefix reports its start first
+        if backend.name == "llamacpp":
+            backend.save_state(path)
+        elif not backend.blocked:
+            return Prefilled("prefilled", rate, seconds)
+        elif result.save_error:
+            raise OSError(result.save_error)
+        _write_record(record_path, {"prefill_tok_s": rate, "seconds": seconds, "tokens": len(tokens) - resumed_at[0],
                                     "made": time.strftime("%Y-%m-%d %H:%M:%S"), "engine": backend.name,
                                     "settings": backend.cache_signature()})
         return Prefilled("made", rate, seconds)
-
-
-def _timed_prefix(backend, tokens: list[int], progress) -> float:
-    t0 = time.perf_counter()
-    if backend.ensure_prefix(tokens, progress=progress) is None:
-        raise RuntimeError("the prefill was cancelled")
-    return time.perf_counter() - t0
 
 
 def _read_record(path: Path) -> dict | None:
