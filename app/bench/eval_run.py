@@ -87,24 +87,30 @@ class EvalReport:
     skipped: list[dict] = field(default_factory=list)
 
     def summary(self) -> list[dict]:
-        out = []
-        for mode in self.config["modes"]:
-            rows = [r for r in self.rows if r["mode"] == mode["name"]]
-            if not rows:
-                continue
-            answered = [r for r in rows if not r["error"]]
-            ttft = [r["ttft_s"] for r in answered if r["ttft_s"] is not None]
-            out.append({"mode": mode["name"], "questions": len(rows), "right": share(rows, "right"),
-                        "cited": share(rows, "cited"), "whole": share(rows, "whole"),
-                        "ttft_s_median": round(statistics.median(ttft), 3) if ttft else None,
-                        "total_s_median": round(statistics.median(r["total_s"] for r in answered), 3)
-                        if answered else None,
-                        "errors": len(rows) - len(answered)})
-        return out
+        return summarise(self.rows, [m["name"] for m in self.config["modes"]], "questions")
 
     def as_dict(self) -> dict:
         return {"config": self.config, "documents": self.documents, "summary": self.summary(), "rows": self.rows,
                 "skipped": self.skipped}
+
+
+def summarise(rows: list[dict], modes: list[str], counted: str) -> list[dict]:
+    """Per mode: how many rows (under the key ``counted``), the shares right, cited and whole,
+    median seconds to the first token and in all, and how many failed."""
+    out = []
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        if not mine:
+            continue
+        answered = [r for r in mine if not r["error"]]
+        ttft = [r["ttft_s"] for r in answered if r["ttft_s"] is not None]
+        out.append({"mode": mode, counted: len(mine), "right": share(mine, "right"), "cited": share(mine, "cited"),
+                    "whole": share(mine, "whole"),
+                    "ttft_s_median": round(statistics.median(ttft), 3) if ttft else None,
+                    "total_s_median": round(statistics.median(r["total_s"] for r in answered), 3)
+                    if answered else None,
+                    "errors": len(mine) - len(answered)})
+    return out
 
 
 def share(rows: list[dict], key: str) -> float:
@@ -229,15 +235,20 @@ def seconds(v: float | None) -> str:
 
 def format_table(report: EvalReport) -> str:
     """Per mode: questions, right %, cited %, whole %, median seconds to the first token and in all."""
-    lines = [f"{'mode':<10} {'questions':>9} {'right':>7} {'cited':>7} {'whole':>7} {'ttft s':>8} {'total s':>8}"]
-    for s in report.summary():
-        lines.append(f"{s['mode']:<10} {s['questions']:>9} {s['right']:>7.0%} {s['cited']:>7.0%} {s['whole']:>7.0%} "
-                     f"{seconds(s['ttft_s_median'])} {seconds(s['total_s_median'])}"
-                     + (f"  ({s['errors']} errors)" if s["errors"] else ""))
+    lines = [format_summary(report.summary(), "questions")]
     for d in report.documents:
         lines.append(f"  {d['name']}: {d['pages']} pages, {d['tokens']} tokens, {d['questions']} questions")
     return "\n".join(lines)
 
 
-__all__ = ["EvalConfig", "EvalMode", "EvalReport", "MODES", "MODE_NAMES", "find_mode", "format_table", "run_eval",
-           "whole_document_context"]
+def format_summary(summary: list[dict], counted: str) -> str:
+    lines = [f"{'mode':<10} {counted:>9} {'right':>7} {'cited':>7} {'whole':>7} {'ttft s':>8} {'total s':>8}"]
+    for s in summary:
+        lines.append(f"{s['mode']:<10} {s[counted]:>9} {s['right']:>7.0%} {s['cited']:>7.0%} {s['whole']:>7.0%} "
+                     f"{seconds(s['ttft_s_median'])} {seconds(s['total_s_median'])}"
+                     + (f"  ({s['errors']} errors)" if s["errors"] else ""))
+    return "\n".join(lines)
+
+
+__all__ = ["EvalConfig", "EvalMode", "EvalReport", "MODES", "MODE_NAMES", "find_mode", "format_summary", "format_table",
+           "run_eval", "summarise", "whole_document_context"]

@@ -179,6 +179,7 @@ def cmd_eval(ctx: Context) -> int:
     import tempfile
 
     from app.bench.eval_docs import EvalDocError, cache_dir, document_files
+    from app.bench.eval_folder import FolderTrials, format_folder_table, run_folder_trials
     from app.bench.eval_run import EvalConfig, find_mode, format_table, run_eval
     from app.bench.eval_set import QuestionSetError, load_question_set
     from app.qa.answer import AskError
@@ -194,6 +195,8 @@ def cmd_eval(ctx: Context) -> int:
         raise CliError("--modes takes defaults, dense, rag8k separated by commas")
     if a.limit is not None and a.limit < 1:
         raise CliError(f"--limit must be at least 1, not {a.limit}")
+    if a.folder_trials < 0 or a.folder_docs < 2 or a.folder_doc_tokens < 256:
+        raise CliError("--folder-trials takes a count, --folder-docs at least 2, --folder-doc-tokens at least 256")
     try:
         questions = load_question_set(a.questions).only(a.doc).limited(a.limit)
         files = document_files(questions, cache_dir(a.docs_dir))
@@ -205,15 +208,24 @@ def cmd_eval(ctx: Context) -> int:
     data_dir = Path(given).expanduser().absolute() if given else Path(tempfile.mkdtemp(prefix="ellm-eval-"))
     cfg = EvalConfig(data_dir=data_dir, model=model, modes=modes, max_tokens=a.max_tokens or 160,
                      base={"engine": a.engine, "threads": a.threads})
-    err(f"eval: {questions.n_questions} questions x {len(modes)} modes with {model.name}, data in {data_dir}")
+    progress = lambda what: err(f"eval: {what}")  # noqa: E731
     try:
-        report = run_eval(cfg, questions, files, progress=lambda what: err(f"eval: {what}"))
+        if a.folder_trials:
+            spec = FolderTrials(a.folder_trials, a.folder_docs, a.folder_doc_tokens)
+            err(f"eval: {spec.trials} folder trials ({spec.n_docs} documents) x {len(modes)} modes with "
+                f"{model.name}, data in {data_dir}")
+            report = run_folder_trials(cfg, spec, files, progress)
+            table = format_folder_table(report)
+        else:
+            err(f"eval: {questions.n_questions} questions x {len(modes)} modes with {model.name}, data in {data_dir}")
+            report = run_eval(cfg, questions, files, progress)
+            table = format_table(report)
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     finally:
         if not given:
             shutil.rmtree(data_dir, ignore_errors=True)
-    print(format_table(report))
+    print(table)
     if a.json_file:
         Path(a.json_file).write_text(json.dumps(report.as_dict(), indent=2, ensure_ascii=False))
         err(f"eval: results written to {a.json_file}")

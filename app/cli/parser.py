@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="answer tokens (default 160)")
     p.add_argument("--docs-dir", default=None, metavar="DIR",
                    help="where the documents are (default ~/.cache/ellm-eval; python -m app.bench.eval_docs fetches them)")
+    p.add_argument("--folder-trials", type=int, default=0, metavar="N",
+                   help="instead of the questions: N trials of a fact planted in one of eight documents cut from "
+                        "the set's documents, asked across all of them")
+    p.add_argument("--folder-docs", type=int, default=8, metavar="N", help="--folder-trials: documents (default 8)")
+    p.add_argument("--folder-doc-tokens", type=int, default=3000, metavar="T",
+                   help="--folder-trials: tokens per document (default 3000)")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write every row and the summary as JSON to FILE")
     p.set_defaults(func=cmd_eval)
     return parser
