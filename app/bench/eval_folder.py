@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from app.bench.eval_run import EvalConfig, EvalMode, format_summary, ingest_documents, summarise, whole_document_context
+from app.bench.eval_run import (EvalConfig, EvalMode, ReadingLines, format_summary, ingest_documents, summarise,
+                                whole_document_context)
 from app.bench.eval_score import answer_right, citation_right, pointed_pages
 from app.engine.kv.sizes import MIN_CONTEXT
 from app.qa.answer import AskError, answer
@@ -202,7 +203,7 @@ def run_folder_trials(cfg: EvalConfig, spec: FolderTrials, files: list[Path],
         for t, p in zip(trials, planted):
             done += 1
             asked = ids[:t.slot] + [p["id"]] + ids[t.slot + 1:]
-            r = ask_trial(mode_session, backend, params, mode, t, docs, asked, p["id"], ctx_note)
+            r = ask_trial(mode_session, backend, params, mode, t, docs, asked, p["id"], ctx_note, progress)
             report.rows.append(r)
             verdict = "error: " + r["error"] if r["error"] else (
                 f"{'right' if r['right'] else 'wrong'}, {'cited' if r['cited'] else 'not cited'}, "
@@ -213,13 +214,13 @@ def run_folder_trials(cfg: EvalConfig, spec: FolderTrials, files: list[Path],
 
 
 def ask_trial(session: Session, backend, params, mode: EvalMode, trial: Trial, docs, doc_ids: list[int],
-              planted_id: int, ctx_note: str) -> dict:
+              planted_id: int, ctx_note: str, progress: Callable[[str], None]) -> dict:
     fact = trial.fact
     t0 = time.perf_counter()
     try:
         page = fact_page(session.store, planted_id, fact)
         result = answer(session.store, backend, fact.question, doc_ids, params,
-                        model_name=session.model_path.name, save=False)
+                        model_name=session.model_path.name, save=False, progress=ReadingLines(progress))
     except (AskError, ValueError) as e:
         return trial_row(mode, trial, docs, -1, {"error": str(e), "total_s": round(time.perf_counter() - t0, 3)})
     cited, attended = pointed_pages(result, planted_id)

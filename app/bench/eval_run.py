@@ -191,7 +191,7 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
             params = mode_session.sampling()
             for q in doc.questions:
                 done += 1
-                r = ask_one(mode_session, backend, params, mode, doc, row["id"], q, ctx_note)
+                r = ask_one(mode_session, backend, params, mode, doc, row["id"], q, ctx_note, progress)
                 report.rows.append(r)
                 verdict = "error: " + r["error"] if r["error"] else (
                     f"{'right' if r['right'] else 'wrong'}, {'cited' if r['cited'] else 'not cited'}, "
@@ -200,12 +200,34 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
     return report
 
 
+class ReadingLines:
+    """The answer service's reading progress (tokens read of total, time left) as a line every
+    tenth of a document, so a run that spends half an hour reading says how far it is."""
+
+    STEPS = 10
+
+    def __init__(self, progress: Callable[[str], None]):
+        self.progress = progress
+        self.last, self.next = 0, 0    # in tenths of the document
+
+    def __call__(self, done: int, total: int, line: str) -> None:
+        if total <= 0:
+            return
+        step = done * self.STEPS // total
+        if step < self.last:                 # another document (or another read) began
+            self.next = min(self.next, step)
+        self.last = step
+        if step >= self.next:
+            self.progress(line)
+            self.next = step + 1
+
+
 def ask_one(session: Session, backend, params, mode: EvalMode, doc: EvalDocument, doc_id: int, q,
-            ctx_note: str) -> dict:
+            ctx_note: str, progress: Callable[[str], None] = lambda what: None) -> dict:
     t0 = time.perf_counter()
     try:
         result = answer(session.store, backend, q.question, [doc_id], params, model_name=session.model_path.name,
-                        save=False)
+                        save=False, progress=ReadingLines(progress))
     except (AskError, ValueError) as e:
         r = failed_row(mode, doc, q, str(e))
         r["total_s"] = round(time.perf_counter() - t0, 3)
@@ -250,5 +272,5 @@ def format_summary(summary: list[dict], counted: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EvalConfig", "EvalMode", "EvalReport", "MODES", "MODE_NAMES", "find_mode", "format_summary", "format_table",
+__all__ = ["EvalConfig", "EvalMode", "EvalReport", "MODES", "MODE_NAMES", "ReadingLines", "find_mode", "format_summary", "format_table",
            "run_eval", "summarise", "whole_document_context"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.bench.eval_docs import EvalDocError, document_files, fetch_document, sha256_of
-from app.bench.eval_run import MODES, EvalConfig, EvalMode, find_mode, run_eval, whole_document_context
+from app.bench.eval_run import MODES, EvalConfig, EvalMode, ReadingLines, find_mode, run_eval, whole_document_context
 from app.bench.eval_score import answer_right, citation_right, normalise, read_whole, score
 from app.bench.eval_set import QuestionSetError, load_question_set
 from app.qa.answer import Answer
@@ -230,6 +230,17 @@ def test_the_whole_document_context_fits_the_document_or_says_what_capped_it(mod
     monkeypatch.setenv("ELLM_FAKE_MEMAVAILABLE", str(1 << 30))           # nothing left after the margin
     n_ctx, note = whole_document_context(model, 3000, 10, 160, count)
     assert n_ctx == 0 and "fit in free memory" in note
+
+
+def test_reading_is_reported_a_line_every_tenth_of_each_document():
+    said = []
+    lines = ReadingLines(said.append)
+    for done in (0, 0, 50, 99, 100, 150, 420, 999, 1000):      # one document of 1000 tokens
+        lines(done, 1000, f"a {done}")
+    for done in (0, 300, 310, 1000):                           # the next one
+        lines(done, 1000, f"b {done}")
+    lines(0, 0, "no count")
+    assert said == ["a 0", "a 100", "a 420", "a 999", "a 1000", "b 0", "b 300", "b 1000"]
 
 
 # ---- end to end ----------------------------------------------------------------------------
