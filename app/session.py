@@ -80,7 +80,8 @@ class Session:
         path = self.model_path
         c = self.chosen(doc_tokens)
         try:
-            return open_backend(s.engine, path, c.n_ctx, s.threads, s.numa, kv=c.kv, attention=c.attention)
+            return open_backend(s.engine, path, c.n_ctx, s.threads, s.numa, kv=c.kv, attention=c.attention,
+                                planes_dir=self.paths.planes_dir)
         except ModelError as e:
             raise SessionError(str(e)) from e
         except ValueError as e:

@@ -52,6 +52,11 @@ class Paths:
     def cache_dir(self) -> Path:
         return self.root / "cache"
 
+    @property
+    def planes_dir(self) -> Path:
+        """The models' repacked weights, kept between starts (app/engine/quant/planes_file.py)."""
+        return self.cache_dir / "planes"
+
     def ensure(self) -> "Paths":
         for d in (self.root, self.models_dir, self.cache_dir):
             d.mkdir(parents=True, exist_ok=True)

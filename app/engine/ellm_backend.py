@@ -32,10 +32,11 @@ class EllmBackend:
 
     def __init__(self, model_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True,
-                 kv: str = "f16", attention: str | SparseConfig = "dense"):
+                 kv: str = "f16", attention: str | SparseConfig = "dense", planes_dir: str | Path | None = None):
         """kv: a KV setting name (app/engine/kv/formats.py); attention: "dense", "sparse" or a
         SparseConfig. f16 + dense keeps llama.cpp's cache and numerics; anything else uses the
-        blocked cache (app/engine/kv/blocked.py)."""
+        blocked cache (app/engine/kv/blocked.py). planes_dir: where the repacked weights are kept
+        between starts (quant/planes_file.py; None: repacked at every start)."""
         self.model_path = str(model_path)
         self.n_threads = n_threads
         self._thread_plan = _plan_threads(n_threads, numa)
@@ -43,7 +44,10 @@ class EllmBackend:
             # Unpinned (benchmarks compare): only the thread count, the OS places the threads.
             self._thread_plan = self._thread_plan.count
         _apply_threads(self._thread_plan)  # before loading: weight tiles are laid out per thread count
-        self.model = Model(self.model_path)
+        # Mapped planes lie where the page cache put them; over several NUMA nodes the repack
+        # instead places each thread's rows on its node (cpu/numa.py), so it runs every start.
+        nodes = getattr(self._thread_plan, "per_node", ())
+        self.model = Model(self.model_path, planes_dir if len(nodes) <= 1 else None)
         self.tokenizer = Tokenizer.from_gguf(self.model.reader)
         self.n_ctx = int(n_ctx or self.model.config.context_length)
         self.kv_spec = KVSpec.parse(kv)

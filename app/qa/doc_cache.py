@@ -11,7 +11,6 @@ A file that fails its checks is deleted and rebuilt, never used.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -22,29 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from app.engine.backend import Backend, CacheFile
+from app.engine.model.gguf_file import model_fingerprint
 from app.store import Store
 
 log = logging.getLogger(__name__)
 
 KV_SUBDIR = "kv"
-_FINGERPRINT_BYTES = 4 << 20
-
-
-@functools.lru_cache(maxsize=8)
-def _fingerprint(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256(f"{size}".encode())
-    with open(path, "rb") as f:
-        h.update(f.read(_FINGERPRINT_BYTES))          # header, metadata, first tensors
-        f.seek(max(0, size - _FINGERPRINT_BYTES))
-        h.update(f.read(_FINGERPRINT_BYTES))          # last tensors
-    return h.hexdigest()[:32]
-
-
-def model_fingerprint(path: str | os.PathLike) -> str:
-    """A hash of the model file's size and its first and last 4 MiB (cached by mtime):
-    enough to tell models apart without reading gigabytes at every question."""
-    st = os.stat(path)
-    return _fingerprint(os.path.realpath(path), st.st_size, st.st_mtime_ns)
 
 
 def cache_key(model_fp: str, signature: dict, tokens: Sequence[int]) -> str:

@@ -60,9 +60,10 @@ _cache: dict[tuple, object] = {}
 
 
 def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, numa: str = "distribute",
-                 kv: str = "f16", attention: str = "dense"):
+                 kv: str = "f16", attention: str = "dense", planes_dir: Path | None = None):
     """A loaded backend; one instance per (engine, model, context, threads) in a
-    process, because loading costs seconds and the GUI asks many questions.
+    process, because loading costs seconds and the GUI asks many questions. ``planes_dir``:
+    where eLLM's engine keeps the model's repacked weights between starts.
 
     Before anything loads the file it is checked (model_files.validate_model): a
     file that is not GGUF, is truncated or corrupt, or needs more memory than is
@@ -99,7 +100,7 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
             from app.engine.ellm_backend import EllmBackend
 
             backend = EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, numa=numa, kv=kv,
-                                  attention=attention)
+                                  attention=attention, planes_dir=planes_dir)
         _cache.clear()  # keep one model in memory at a time
         _cache[key] = backend
         return backend

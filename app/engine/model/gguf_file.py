@@ -11,6 +11,7 @@ Format: ggml docs/gguf.md (version 2 and 3, little-endian).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import mmap
 import os
@@ -365,3 +366,27 @@ class _Cursor:
         if pos > end:
             raise _Truncated
         self.pos = pos
+
+
+# ---- a model file's identity
+
+_FINGERPRINT_BYTES = 4 << 20
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256(f"{size}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_FINGERPRINT_BYTES))          # header, metadata, first tensors
+        f.seek(max(0, size - _FINGERPRINT_BYTES))
+        h.update(f.read(_FINGERPRINT_BYTES))          # last tensors
+    return h.hexdigest()[:32]
+
+
+def model_fingerprint(path: str | os.PathLike) -> str:
+    """A hash of the model file's size and its first and last 4 MiB (cached by mtime):
+    enough to tell models apart without reading gigabytes at every question or start. Keys
+    what is kept per model: KV caches (app/qa/doc_cache.py), repacked weights
+    (quant/planes_file.py)."""
+    st = os.stat(path)
+    return _fingerprint(os.path.realpath(path), st.st_size, st.st_mtime_ns)

@@ -40,9 +40,10 @@ from ..kv.formats import KVSpec
 from ..ops.norms import add_rms_norm_rows, geglu, gelu_f16_table, rms_norm_rows, swiglu
 from ..ops.rope import RopeTables, rope_heads
 from ..quant import blas
+from ..quant.planes_file import PlanesFile
 from ..quant.qmatrix import QMatrix
 from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, llamacpp_hint
-from .gguf_file import GGUFFile, scan_gguf
+from .gguf_file import GGUFFile, model_fingerprint, scan_gguf
 
 _NO_BIAS = np.zeros(0, dtype=np.float32)  # (0,) float32: "no bias" / "none" for the kernels
 
@@ -120,16 +121,23 @@ def _vector(t) -> np.ndarray:
 class Model:
     """A llama/qwen2/qwen3/gemma3 model read from a GGUF file. Weights stay memory-mapped and quantized."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, planes_dir: str | Path | None = None):
+        """planes_dir: where the repacked weights are kept between starts (quant/planes_file.py);
+        None repacks at every start."""
         self.path = str(path)
         self.reader = GGUFFile(self.path)  # memory-mapped; tensors are views of the file
         self.config = ModelConfig.from_gguf(self.reader, self.path)
         c = self.config
         tensors = {t.name: t for t in self.reader.tensors}
+        kept = PlanesFile(planes_dir, self.path, model_fingerprint(self.path)) if planes_dir else None
+        stored = kept.load() if kept else None
+        self.planes_source = "file" if stored is not None else "repacked"   # where the planes came from
+        made: dict[str, QMatrix] = {}
 
         def matrix(name: str) -> QMatrix:
             try:
-                return QMatrix.from_tensor(tensors[name])
+                made[name] = QMatrix.from_tensor(tensors[name], kept=(stored or {}).get(name))
+                return made[name]
             except KeyError:
                 raise UnsupportedModelError(f"{self.path}: tensor '{name}' is missing.") from None
             except (NotImplementedError, ValueError) as e:
@@ -177,6 +185,9 @@ class Model:
         self.rope_swa = (RopeTables(replace(c, rope_freq_base=c.rope_freq_base_swa, rope_freq_scale=1.0))
                          if c.sliding_window else None)
         self.gelu_table = gelu_f16_table() if c.ffn_act == "gelu" else None   # (65536,) float32
+        repacked = {name: m for name, m in made.items() if not m.reads_the_file}
+        if kept is not None and stored is None and repacked:
+            kept.save(repacked)
         self.eps = np.float32(c.rms_eps)
         self.neox = c.rope_type == ROPE_NEOX
 

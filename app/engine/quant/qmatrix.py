@@ -78,7 +78,10 @@ _NO_U16 = np.zeros(1, np.uint16)    # (1,) uint16 likewise
 class QMatrix:
     """A weight matrix W (n_out, n_in) in GGUF block format; y = W @ x."""
 
-    def __init__(self, name: str, raw: np.ndarray, qtype: GGMLQuantizationType, n_out: int, n_in: int):
+    def __init__(self, name: str, raw: np.ndarray, qtype: GGMLQuantizationType, n_out: int, n_in: int,
+                 planes: dict[str, np.ndarray] | None = None):
+        """planes: this matrix's planes as an earlier start repacked them (quant/planes_file.py),
+        used instead of repacking."""
         qtype = GGMLQuantizationType(qtype)
         if qtype not in SUPPORTED:
             # the problem only: Model names the file and gives the advice (llama.cpp), once
@@ -93,7 +96,8 @@ class QMatrix:
         self.raw = raw  # (n_out, bytes_per_row) uint8, or (n_out, n_in) for F32/F16 — a view of the mmap
         self.qtype = qtype
         self.shape = (n_out, n_in)
-        self.planes = _REPACK[qtype](raw, n_out, n_in)  # name -> (n,) plane in row groups, same bytes
+        self.planes = planes if planes is not None else _REPACK[qtype](raw, n_out, n_in)
+        # name -> (n,) plane in row groups, same bytes
         # f16 scales (F16: the weights) that are all zeros or normal numbers convert faster
         self.plain_scales = f16_plane_is_plain(*(self.planes[k] for k in _F16_PLANES.get(qtype, ())))
         self._rows_kernel, self._rows_args, self._mm_kernel, self._mm_args = self._bind_kernels()
@@ -142,13 +146,18 @@ class QMatrix:
         return floats.rows_float, f_args + (n_out,), floats.matmul_float, f_args + (plain, n_out)
 
     @classmethod
-    def from_tensor(cls, t: ReaderTensor, release_source: bool = True) -> "QMatrix":
-        """Wrap a tensor of a GGUFReader. With release_source, the file pages read while
-        repacking are dropped from this process (madvise), so the resident size of a loaded
-        model stays that of its repacked planes; ``.raw`` remains valid and re-reads the file."""
+    def from_tensor(cls, t: ReaderTensor, release_source: bool = True, kept=None) -> "QMatrix":
+        """Wrap a tensor of a GGUFReader (with its planes ``kept`` from an earlier start, a
+        quant/planes_file.py Kept, if any).
+        With release_source, the file pages read while repacking are dropped from this process
+        (madvise), so the resident size of a loaded model stays that of its repacked planes;
+        ``.raw`` remains valid and re-reads the file."""
         # GGUF lists dims fastest-first: shape [n_in, n_out].
         n_in, n_out = int(t.shape[0]), int(t.shape[1])
-        m = cls(t.name, t.data, GGMLQuantizationType(t.tensor_type), n_out, n_in)
+        qtype = GGMLQuantizationType(t.tensor_type)
+        if kept is not None and (kept.qtype, kept.shape) != (int(qtype), (n_out, n_in)):
+            kept = None       # kept for another tensor of that name: repack
+        m = cls(t.name, t.data, qtype, n_out, n_in, kept.planes if kept is not None else None)
         if release_source and not m.reads_the_file:
             release_file_pages(t.data)
         return m
