@@ -20,11 +20,11 @@ from __future__ import annotations
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from app.bench.eval_run import (EvalConfig, EvalMode, ReadingLines, format_summary, ingest_documents, summarise,
+from app.bench.eval_run import (EvalConfig, EvalMode, EvalReport, ReadingLines, format_summary, ingest_documents,
                                 whole_document_context)
 from app.bench.eval_score import answer_right, citation_right, pointed_pages
 from app.engine.kv.sizes import MIN_CONTEXT
@@ -84,19 +84,10 @@ class Trial:
     path: Path           # the planted copy
 
 
-@dataclass
-class FolderReport:
-    config: dict
-    documents: list[dict] = field(default_factory=list)
-    rows: list[dict] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)
+class FolderReport(EvalReport):
+    """An EvalReport whose rows are trials."""
 
-    def summary(self) -> list[dict]:
-        return summarise(self.rows, [m["name"] for m in self.config["modes"]], "trials")
-
-    def as_dict(self) -> dict:
-        return {"config": self.config, "documents": self.documents, "summary": self.summary(), "rows": self.rows,
-                "skipped": self.skipped}
+    COUNTED = "trials"
 
 
 def cut_documents(manuals: list[list[PageText]], n_docs: int, doc_tokens: int) -> list[tuple[str, str]]:

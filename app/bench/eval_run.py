@@ -86,8 +86,10 @@ class EvalReport:
     rows: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
 
+    COUNTED = "questions"    # what a row is, as the summary counts them
+
     def summary(self) -> list[dict]:
-        return summarise(self.rows, [m["name"] for m in self.config["modes"]], "questions")
+        return summarise(self.rows, [m["name"] for m in self.config["modes"]], self.COUNTED)
 
     def as_dict(self) -> dict:
         return {"config": self.config, "documents": self.documents, "summary": self.summary(), "rows": self.rows,
