@@ -81,7 +81,7 @@ class Session:
         c = self.chosen(doc_tokens)
         try:
             return open_backend(s.engine, path, c.n_ctx, s.threads, s.numa, kv=c.kv, attention=c.attention,
-                                planes_dir=self.paths.planes_dir)
+                                planes_dir=self.paths.planes_dir, documents=bool(doc_tokens))
         except ModelError as e:
             raise SessionError(str(e)) from e
         except ValueError as e:
@@ -90,11 +90,13 @@ class Session:
     def backend_keeps_files(self) -> bool:
         """Whether the backend a document gets keeps its KV cache in a file (eLLM's blocked
         cache), i.e. whether reading ahead persists anything."""
+        from app.engine.model.support import blocked_cache
         from app.runtime.engines import choose_engine
+        from app.runtime.model_files import scan_gguf
 
-        c = self.chosen(1)
-        return choose_engine(self.settings.engine, self.model_path).name == "ellm" and (
-            c.kv != "f16" or c.attention != "dense")
+        c, path = self.chosen(1), self.model_path
+        return choose_engine(self.settings.engine, path).name == "ellm" and blocked_cache(
+            scan_gguf(path).architecture, c.kv, c.attention, documents=True)
 
     def engine_note(self) -> str:
         """Why the automatic engine choice took llama.cpp for this model ("" otherwise)."""

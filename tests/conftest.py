@@ -47,6 +47,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _unpinned_after_each_test():
+    """An engine run in this process pins its calling thread (app/engine/cpu/pinning.py); a
+    later test's subprocess would inherit that one CPU (a batch of two workers then sees one
+    core). Each test starts as the process did."""
+    yield
+    import sys
+    if "app.engine.cpu.pinning" in sys.modules:
+        sys.modules["app.engine.cpu.pinning"].unpin()
+
+
 @pytest.fixture
 def data_dir(tmp_path) -> Path:
     d = tmp_path / "data"

@@ -1,11 +1,13 @@
 """The automatic settings (app/runtime/auto.py): the context holds the whole document and the
-answer as far as memory allows, k8v8 on eLLM's engine, dense attention inside the trained
-context and sparse beyond it; whatever a person chose is kept."""
+answer as far as memory allows, in an f16 cache where it holds the document and k8v8 where only
+that does, dense attention inside the trained context and sparse beyond it; whatever a person
+chose is kept."""
 from __future__ import annotations
 
 import pytest
 
-from app.runtime.auto import AUTO_KV, CONTEXT_STEP, NO_DOCUMENT_CONTEXT, choose
+from app.engine.kv.sizes import KVShape, kv_bytes_per_token, safety_margin
+from app.runtime.auto import AUTO_KV, CONTEXT_STEP, NO_DOCUMENT_CONTEXT, SMALL_KV, choose
 from app.runtime.model_files import packaged_model_path, scan_gguf
 from app.settings import Settings
 
@@ -52,6 +54,26 @@ def test_free_memory_bounds_the_context_and_the_note_says_so(model):
     tight = choose(Settings(), path, "ellm", doc_tokens=200_000, free_bytes=2 * GIB)
     assert roomy.n_ctx >= roomy.wanted and roomy.note == ""
     assert CONTEXT_STEP <= tight.n_ctx < tight.wanted and "free memory" in tight.note
+
+
+def test_where_f16_does_not_hold_the_document_the_smaller_format_does(model):
+    """Memory for 12K tokens of k8v8 but not of f16 (which needs 1.9x the bytes): the whole
+    document in k8v8 rather than a part of it in f16; where neither holds it, the format that
+    holds more of it."""
+    path, _ = model
+    layout = scan_gguf(path)
+    shape = KVShape.from_layout(layout)
+    doc = 12 * 1024 - 512 - Settings().max_tokens
+    need = 12 * 1024 * kv_bytes_per_token(shape, SMALL_KV)
+    assert 12 * 1024 * kv_bytes_per_token(shape, AUTO_KV) > 1.5 * need
+    free = layout.file_size + need + 256 * kv_bytes_per_token(shape, SMALL_KV)
+    free += safety_margin(free)
+    c = choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=free)
+    assert (c.kv, c.n_ctx, c.note) == (SMALL_KV, 12 * 1024, "")
+    short = choose(Settings(), path, "ellm", doc_tokens=4 * doc, free_bytes=free)
+    assert (short.kv, short.n_ctx) == (SMALL_KV, 12 * 1024) and "free memory" in short.note
+    roomy = choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=free * 4)
+    assert (roomy.kv, roomy.n_ctx) == (AUTO_KV, 12 * 1024)
 
 
 def test_a_document_just_inside_the_trained_context_stays_dense(model):

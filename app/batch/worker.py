@@ -91,7 +91,7 @@ class DocumentWorker:
             path = locate_model(engine)
             try:
                 backend = open_backend(engine.engine, path, engine.n_ctx, engine.threads, engine.numa,
-                                       kv=engine.kv, attention=engine.attention)
+                                       kv=engine.kv, attention=engine.attention, documents=True)
             except (ModelError, ValueError) as e:
                 raise WorkerError(f"{self.name}: cannot open {path}: {e}") from e
         self.backend = backend

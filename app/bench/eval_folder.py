@@ -24,10 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from app.bench.eval_run import (EvalConfig, EvalMode, EvalReport, ReadingLines, format_summary, ingest_documents,
-                                whole_document_context)
+from app.bench.eval_run import (EvalConfig, EvalMode, EvalReport, ReadingLines, base_settings, format_summary,
+                                ingest_documents, open_mode, verdict)
 from app.bench.eval_score import answer_right, citation_right, pointed_pages
-from app.engine.kv.sizes import MIN_CONTEXT
 from app.qa.answer import AskError, answer
 from app.qa.pages import PageText, load_pages
 from app.runtime.model_files import ModelError
@@ -149,8 +148,7 @@ def fact_page(store, doc_id: int, fact: Fact) -> int:
 def run_folder_trials(cfg: EvalConfig, spec: FolderTrials, files: list[Path],
                       progress: Callable[[str], None] = lambda what: None) -> FolderReport:
     """The trials of ``spec`` over documents cut from ``files`` (the question set's), per mode."""
-    paths = Paths(cfg.data_dir)
-    base = {"model": str(cfg.model), "max_tokens": cfg.max_tokens, **{k: v for k, v in cfg.base.items() if v}}
+    paths, base = Paths(cfg.data_dir), base_settings(cfg)
     report = FolderReport(config={"model": str(cfg.model), "max_tokens": cfg.max_tokens, "base": base,
                                   "data_dir": str(cfg.data_dir), "trials": spec.trials, "n_docs": spec.n_docs,
                                   "doc_tokens": spec.doc_tokens, "seed": spec.seed,
@@ -177,13 +175,8 @@ def run_folder_trials(cfg: EvalConfig, spec: FolderTrials, files: list[Path],
     total = len(trials) * len(cfg.modes)
     done = 0
     for mode in cfg.modes:
-        n_ctx, ctx_note = (whole_document_context(cfg.model, doc_tokens, doc_pages, cfg.max_tokens, count)
-                           if mode.whole_context else (None, ""))
-        mode_session = Session(paths, {**base, **mode.overrides(n_ctx)})
         try:
-            if n_ctx is not None and n_ctx < MIN_CONTEXT:
-                raise SessionError(f"no context of at least {MIN_CONTEXT} tokens: {ctx_note}")
-            backend = mode_session.backend(doc_tokens)
+            mode_session, backend, ctx_note = open_mode(cfg, paths, mode, doc_tokens, doc_pages, count)
         except (SessionError, ModelError, ValueError) as e:
             report.skipped.append({"mode": mode.name, "reason": str(e)})
             progress(f"{mode.name}: skipped: {e}")
@@ -196,11 +189,9 @@ def run_folder_trials(cfg: EvalConfig, spec: FolderTrials, files: list[Path],
             asked = ids[:t.slot] + [p["id"]] + ids[t.slot + 1:]
             r = ask_trial(mode_session, backend, params, mode, t, docs, asked, p["id"], ctx_note, progress)
             report.rows.append(r)
-            verdict = "error: " + r["error"] if r["error"] else (
-                f"{'right' if r['right'] else 'wrong'}, {'cited' if r['cited'] else 'not cited'}, "
-                f"{r['considered']} of {spec.n_docs} documents, {r['total_s']:.1f} s")
+            read = f"{r['considered']} of {spec.n_docs} documents"
             progress(f"[{done}/{total}] {mode.name} trial {t.number} (document {t.slot + 1} at {t.depth:.0%}): "
-                     f"{verdict}")
+                     f"{verdict(r, read)}")
     return report
 
 

@@ -119,6 +119,31 @@ def share(rows: list[dict], key: str) -> float:
     return round(sum(1 for r in rows if r[key]) / len(rows), 4) if rows else 0.0
 
 
+def base_settings(cfg: EvalConfig) -> dict:
+    """The settings beneath every mode: the model, the answer's length and the command line's."""
+    return {"model": str(cfg.model), "max_tokens": cfg.max_tokens, **{k: v for k, v in cfg.base.items() if v}}
+
+
+def open_mode(cfg: EvalConfig, paths: Paths, mode: EvalMode, doc_tokens: int, doc_pages: int, count):
+    """(session, backend, context note) of ``mode`` for documents of ``doc_tokens`` tokens on
+    ``doc_pages`` pages: a whole-document mode's context sized to hold them, the automatic one
+    otherwise. Raises SessionError, ModelError or ValueError when the mode cannot run here."""
+    n_ctx, ctx_note = (whole_document_context(cfg.model, doc_tokens, doc_pages, cfg.max_tokens, count)
+                       if mode.whole_context else (None, ""))
+    session = Session(paths, {**base_settings(cfg), **mode.overrides(n_ctx)})
+    if n_ctx is not None and n_ctx < MIN_CONTEXT:
+        raise SessionError(f"no context of at least {MIN_CONTEXT} tokens: {ctx_note}")
+    return session, session.backend(doc_tokens), ctx_note
+
+
+def verdict(r: dict, reading: str) -> str:
+    """A row's progress line: right, cited, ``reading`` (what was read) and the seconds, or its error."""
+    if r["error"]:
+        return "error: " + r["error"]
+    return (f"{'right' if r['right'] else 'wrong'}, {'cited' if r['cited'] else 'not cited'}, {reading}, "
+            f"{r['total_s']:.1f} s")
+
+
 def whole_document_context(model: Path, doc_tokens: int, doc_pages: int, max_tokens: int,
                            count: Callable[[str], int]) -> tuple[int, str]:
     """The context that holds a whole document's prompt and answer, rounded up to 256 tokens;
@@ -159,8 +184,7 @@ def ingest_documents(session: Session, files: list[Path], progress) -> list[dict
 def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
              progress: Callable[[str], None] = lambda what: None) -> EvalReport:
     """Ask every question of ``questions`` (documents at ``files``, in order) in every mode."""
-    paths = Paths(cfg.data_dir)
-    base = {"model": str(cfg.model), "max_tokens": cfg.max_tokens, **{k: v for k, v in cfg.base.items() if v}}
+    paths, base = Paths(cfg.data_dir), base_settings(cfg)
     report = EvalReport(config={"questions": str(questions.source), "model": str(cfg.model),
                                 "max_tokens": cfg.max_tokens, "base": base, "data_dir": str(cfg.data_dir),
                                 "modes": [{"name": m.name, "description": m.description, "overrides": m.overrides()}
@@ -176,13 +200,8 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
     done = 0
     for mode in cfg.modes:
         for doc, row in zip(questions.documents, stored):
-            n_ctx, ctx_note = (whole_document_context(cfg.model, row["tokens"], row["pages"], cfg.max_tokens, count)
-                               if mode.whole_context else (None, ""))
-            mode_session = Session(paths, {**base, **mode.overrides(n_ctx)})
             try:
-                if n_ctx is not None and n_ctx < MIN_CONTEXT:
-                    raise SessionError(f"no context of at least {MIN_CONTEXT} tokens: {ctx_note}")
-                backend = mode_session.backend(row["tokens"])   # the automatic context holds the document
+                mode_session, backend, ctx_note = open_mode(cfg, paths, mode, row["tokens"], row["pages"], count)
             except (SessionError, ModelError, ValueError) as e:
                 report.skipped.append({"mode": mode.name, "document": doc.name, "reason": str(e)})
                 progress(f"{mode.name}: {doc.name}: skipped: {e}")
@@ -195,10 +214,8 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
                 done += 1
                 r = ask_one(mode_session, backend, params, mode, doc, row["id"], q, ctx_note, progress)
                 report.rows.append(r)
-                verdict = "error: " + r["error"] if r["error"] else (
-                    f"{'right' if r['right'] else 'wrong'}, {'cited' if r['cited'] else 'not cited'}, "
-                    f"{'whole' if r['whole'] else 'selection'}, {r['total_s']:.1f} s")
-                progress(f"[{done}/{total}] {mode.name} {doc.name} p. {q.page}: {verdict}")
+                progress(f"[{done}/{total}] {mode.name} {doc.name} p. {q.page}: "
+                         f"{verdict(r, 'whole' if r['whole'] else 'selection')}")
     return report
 
 
@@ -274,5 +291,6 @@ def format_summary(summary: list[dict], counted: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["EvalConfig", "EvalMode", "EvalReport", "MODES", "MODE_NAMES", "ReadingLines", "find_mode", "format_summary", "format_table",
-           "run_eval", "summarise", "whole_document_context"]
+__all__ = ["EvalConfig", "EvalMode", "EvalReport", "MODES", "MODE_NAMES", "ReadingLines", "base_settings",
+           "find_mode", "format_summary", "format_table", "open_mode", "run_eval", "summarise", "verdict",
+           "whole_document_context"]

@@ -16,6 +16,7 @@ from .kv import files as kv_files
 from .kv.formats import KVSpec
 from .kv.sizes import KVShape, kv_bytes_per_token, kv_read_bytes_per_token
 from .model.chat import render_chat
+from .model.support import blocked_cache
 from .model.tokenizer import Tokenizer
 from .model.transformer import Model
 from .sampling import Sampler
@@ -32,11 +33,14 @@ class EllmBackend:
 
     def __init__(self, model_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True,
-                 kv: str = "f16", attention: str | SparseConfig = "dense", planes_dir: str | Path | None = None):
+                 kv: str = "f16", attention: str | SparseConfig = "dense", planes_dir: str | Path | None = None,
+                 documents: bool = False):
         """kv: a KV setting name (app/engine/kv/formats.py); attention: "dense", "sparse" or a
-        SparseConfig. f16 + dense keeps llama.cpp's cache and numerics; anything else uses the
-        blocked cache (app/engine/kv/blocked.py). planes_dir: where the repacked weights are kept
-        between starts (quant/planes_file.py; None: repacked at every start)."""
+        SparseConfig; documents: the backend answers about documents. Which cache that takes is
+        model/support.py ``blocked_cache``'s rule: f16 + dense without documents keeps llama.cpp's
+        cache and numerics, anything else the blocked cache (app/engine/kv/blocked.py).
+        planes_dir: where the repacked weights are kept between starts (quant/planes_file.py;
+        None: repacked at every start)."""
         self.model_path = str(model_path)
         self.n_threads = n_threads
         self._thread_plan = _plan_threads(n_threads, numa)
@@ -52,7 +56,8 @@ class EllmBackend:
         self.n_ctx = int(n_ctx or self.model.config.context_length)
         self.kv_spec = KVSpec.parse(kv)
         self.attention = attention if isinstance(attention, SparseConfig) else SparseConfig(mode=attention)
-        self.blocked = self.kv_spec.name != "f16" or self.attention.mode != "dense"
+        self.blocked = blocked_cache(self.model.config.arch, self.kv_spec.name, self.attention.mode,
+                                     documents)
         self.cache = self.model.new_cache(self.n_ctx, self.kv_spec if self.blocked else None)
         # How the current question reads the blocked cache (votes, selections, attention mass).
         self.state = AttentionState(self.attention) if self.blocked else None

@@ -11,12 +11,14 @@ The rules (README, "Automatic settings", gives the figures behind them):
   engine goes beyond it with sparse attention, whose positions are remapped into the trained
   window. When even that does not fit, the answer reads the pages most relevant to the question
   and says so (qa/pages.py).
-* KV format: ``AUTO_KV`` (8-bit keys per channel, 8-bit values per token) on eLLM's engine: 1.9x
-  smaller than f16 with its scales (Qwen2.5-1.5B: 14.5 KiB per token instead of 28 KiB), and
-  chosen over k8v4 (2.5x) because it changes the model's predictions five times less (README,
-  "KV cache": mean KL 0.0041 vs 0.0216 on SmolLM2, top-1 agreement 95.5 % vs 90.9 %); persisted and composable across
-  documents, with the engine's attended passages as citations; f16 on llama.cpp (its default) and for a completion without documents
-  (nothing to persist: llama.cpp's numerics, token for token).
+* KV format: ``AUTO_KV`` (f16) on every engine: the model's own numerics. For documents eLLM's
+  engine keeps it in the blocked cache, persisted per document and composable across documents,
+  with the engine's attended passages as citations (Qwen2.5-1.5B: 28 KiB per token, a 33K-token
+  manual 0.95 GB). Only where f16 would not hold the whole document in free memory does it fall
+  back to ``SMALL_KV`` (8-bit keys per channel, 8-bit values per token: 14.5 KiB per token),
+  chosen over k8v4 because it changes the model's predictions five times less (README, "KV
+  cache"); reading the whole document in k8v8 beats reading part of it in f16. On the FHS the
+  defaults answered 11 of 12 right in f16 (README, "Measuring answer quality").
 * attention: dense while the context is within the model's trained window (every token read:
   the answer is the model's own over the whole document), sparse beyond it, where dense
   attention would run the model at positions it never saw.
@@ -31,7 +33,8 @@ from app.engine.model.support import DENSE_ONLY
 from app.runtime.model_files import mem_available, scan_gguf
 
 AUTO = "auto"
-AUTO_KV = "k8v8"
+AUTO_KV = "f16"       # the automatic KV format: f16 on every engine, for documents in eLLM's blocked cache
+SMALL_KV = "k8v8"     # the automatic KV format where f16 would not hold the whole document
 CONTEXT_STEP = 4096          # automatic contexts are multiples of this (fewer backend reloads)
 MIN_AUTO_CONTEXT = 4096
 NO_DOCUMENT_CONTEXT = 8192   # a completion without documents
@@ -61,11 +64,16 @@ def choose(settings, model_path: Path, engine: str, doc_tokens: int | None = Non
     trained = layout.context_length or NO_DOCUMENT_CONTEXT
     # the blocked cache does not run every architecture (support.py DENSE_ONLY): f16 and dense there
     blocked = engine == "ellm" and layout.architecture not in DENSE_ONLY
-    kv = settings.kv if settings.kv != AUTO else (AUTO_KV if blocked and doc_tokens else "f16")
+    kv = settings.kv if settings.kv != AUTO else AUTO_KV
     n_ctx, wanted, note = settings.n_ctx, 0, ""
     if n_ctx <= 0:
         n_ctx, wanted, note = _auto_context(settings, layout, kv, engine, trained, doc_tokens, free_bytes,
                                             blocked)
+        if settings.kv == AUTO and blocked and n_ctx < wanted:
+            # f16 does not hold the whole document: the smaller format may
+            small = _auto_context(settings, layout, SMALL_KV, engine, trained, doc_tokens, free_bytes, blocked)
+            if small[0] > n_ctx:
+                kv, (n_ctx, wanted, note) = SMALL_KV, small
     attention = settings.attention
     if attention == AUTO:
         attention = "sparse" if blocked and n_ctx > trained else "dense"
@@ -98,4 +106,4 @@ def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_toke
     return n_ctx, wanted, note
 
 
-__all__ = ["AUTO", "AUTO_KV", "Chosen", "choose"]
+__all__ = ["AUTO", "AUTO_KV", "SMALL_KV", "Chosen", "choose"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from dataclasses import dataclass
 
 from app.engine.kv.formats import KV_NAMES
-from app.engine.model.support import why_not
+from app.engine.model.support import blocked_cache, why_not
 from app.runtime.model_files import ModelError, check_gguf_header, scan_gguf, validate_model
 
 ENGINES = ("auto", "ellm", "llamacpp")   # the engine setting: auto, or a backend's name
@@ -60,10 +60,13 @@ _cache: dict[tuple, object] = {}
 
 
 def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, numa: str = "distribute",
-                 kv: str = "f16", attention: str = "dense", planes_dir: Path | None = None):
+                 kv: str = "f16", attention: str = "dense", planes_dir: Path | None = None,
+                 documents: bool = False):
     """A loaded backend; one instance per (engine, model, context, threads) in a
     process, because loading costs seconds and the GUI asks many questions. ``planes_dir``:
-    where eLLM's engine keeps the model's repacked weights between starts.
+    where eLLM's engine keeps the model's repacked weights between starts; ``documents``: the
+    backend answers about documents (eLLM's engine then keeps its cache in blocks, persisted:
+    model/support.py ``blocked_cache``).
 
     Before anything loads the file it is checked (model_files.validate_model): a
     file that is not GGUF, is truncated or corrupt, or needs more memory than is
@@ -77,9 +80,9 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
         raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(KV_NAMES)}")
     # eLLM's blocked cache grows in place (EllmBackend.reserve), so one loaded model serves
     # every context of its settings; llama.cpp's and the dense f16 cache are sized at load.
-    grows = chosen == "ellm" and (kv != "f16" or attention != "dense")
+    grows = chosen == "ellm" and blocked_cache(scan_gguf(model_path).architecture, kv, attention, documents)
     key = (chosen, str(model_path), None if grows else n_ctx, threads, numa) + (
-        (kv, attention) if chosen == "ellm" else (kv,))
+        (kv, attention, grows) if chosen == "ellm" else (kv,))
     with _open_lock:
         if key in _cache:
             backend = _cache[key]
@@ -100,7 +103,7 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
             from app.engine.ellm_backend import EllmBackend
 
             backend = EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, numa=numa, kv=kv,
-                                  attention=attention, planes_dir=planes_dir)
+                                  attention=attention, planes_dir=planes_dir, documents=documents)
         _cache.clear()  # keep one model in memory at a time
         _cache[key] = backend
         return backend

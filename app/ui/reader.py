@@ -43,7 +43,7 @@ class ReadAhead(QObject):
             return self.job
         try:
             if not self.session.backend_keeps_files():
-                return None   # llama.cpp or the dense f16 cache: nothing would persist
+                return None   # llama.cpp or gemma3's dense cache: nothing would persist
         except Exception:
             return None
         todo = [doc_id for doc_id, state in self.states().items() if state == NOT_READ and self._readable(doc_id)]

@@ -12,14 +12,15 @@ from PySide6.QtWidgets import (
     QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
 )
 
-from app.runtime.auto import AUTO, AUTO_KV
+from app.runtime.auto import AUTO, SMALL_KV
 from app.settings import ATTENTION, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
 from app.ui.widgets import info_label
 from app.ui.workers import Job, start
 
 ENGINE_LABELS = {"auto": "Automatic (eLLM when it runs the model)", "ellm": "eLLM", "llamacpp": "llama.cpp"}
 KV_PRECISIONS = KV_SETTINGS
-KV_TIPS = {"auto": "eLLM chooses: k8v8 for documents on eLLM's engine, f16 on llama.cpp (README, \"Automatic settings\")",
+KV_TIPS = {"auto": "eLLM chooses: f16, or k8v8 where memory holds the whole document only in it (README, "
+                   "\"Automatic settings\")",
            "f16": "16-bit keys and values (exact)", "k8v8": "8-bit keys and values",
            "k8v4": "8-bit keys, 4-bit values (the usual trade: keys are more sensitive)",
            "k4v4": "4-bit keys and values (smallest)"}
@@ -337,7 +338,7 @@ class SettingsDialog(QDialog):
             return
         kv, threads, numa = self.kv.currentData(), self.threads.value(), self.numa.currentData()
         if kv == AUTO:
-            kv = AUTO_KV        # what the automatic setting takes for documents on eLLM's engine
+            kv = SMALL_KV       # f16 is the probe's reference: the format auto falls back to is what it measures
         store = self.session.store
 
         def work(ctl):  # a ProbeError's message reaches sig_error as it is

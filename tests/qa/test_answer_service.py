@@ -143,3 +143,15 @@ def test_attended_blocks_are_mapped_to_the_page_and_passage_they_hold(store, mod
     a = answer(store, backend, "What was the secret signal?", [log, minutes], PARAMS)
     assert [(x["doc"], x["page"], x["weight"]) for x in a.attended] == [(log, 3, 1.0)]
     assert "three green lamps" in a.attended[0]["text"]
+
+
+def test_blank_lines_pad_the_pages_in_front_so_the_question_follows_the_last_page(store, model_file):
+    """Block padding before the question measurably cost answers (qa/prompt.py): the header and
+    the pages are whole blocks, the padding lies between them, the question follows the text."""
+    from app.qa.prompt import build_prompt
+    backend = FakeBackend(model_file, composes=True, block=16)
+    p = build_prompt(backend, "What was the signal?", "[Page 1]\nThe signal was three green lamps.")
+    assert len(p.header) % 16 == 0 and len(p.doc) % 16 == 0
+    assert p.doc_text.startswith("\n") and p.doc_text.lstrip("\n") == "[Page 1]\nThe signal was three green lamps."
+    assert backend.detokenize(p.doc) == p.doc_text
+    assert backend.detokenize(p.tokens).endswith("green lamps.\n\nQuestion: What was the signal? </user>\n<assistant> ")

@@ -5,6 +5,7 @@ quant/qmatrix.py) takes its lists from here, so the header's verdict and the loa
 """
 from __future__ import annotations
 
+from ..kv.formats import KVSpec
 from .gguf_file import GGUFLayout
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
@@ -18,6 +19,17 @@ cache refuses them (Model.new_cache); the automatic settings choose f16 and dens
 WEIGHT_TYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                           "IQ4_XS", "F16", "BF16", "F32"})
 """GGML tensor types the weight kernels implement (quant/qmatrix.py)."""
+
+
+def blocked_cache(architecture: str, kv: str, attention: str, documents: bool = False) -> bool:
+    """Whether eLLM's engine keeps the KV cache in blocks (app/engine/kv/blocked.py): for every
+    question about documents (the blocked cache is persisted, laid side by side across documents,
+    and its attention mass gives the citations; f16 there stores the same halves as the dense
+    cache), except on the DENSE_ONLY architectures, and whenever the format or sparse attention
+    needs it (refused there by Model.new_cache). Only a completion without documents in f16 with
+    dense attention keeps the dense cache: llama.cpp's numerics, token for token."""
+    wants_files = documents and architecture not in DENSE_ONLY
+    return wants_files or KVSpec.parse(kv).name != "f16" or attention != "dense"
 
 
 def why_not(layout: GGUFLayout) -> str:

@@ -1,0 +1,67 @@
+"""Questions about documents keep eLLM's KV cache in blocks, f16 too: the document is read once,
+written to its file and loaded from it later, and the f16 blocks hold the same halves as the
+dense f16 cache, so the model's predictions agree with it (model/support.py ``blocked_cache``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine.backend import CacheFile, SamplingParams
+from app.engine.ellm_backend import EllmBackend
+from app.engine.generate import prefill
+from app.engine.model.support import blocked_cache
+
+CHUNK = 64
+
+
+@pytest.fixture
+def doc():
+    return np.random.default_rng(5).integers(3, 2000, 4 * CHUNK + 29).tolist()   # (T,) token ids
+
+
+def backend(path, documents: bool, kv: str = "f16", attention: str = "dense") -> EllmBackend:
+    return EllmBackend(path, n_ctx=1024, kv=kv, attention=attention, prefill_chunk=CHUNK, documents=documents)
+
+
+def test_only_a_completion_without_documents_in_f16_dense_keeps_the_dense_cache():
+    assert not blocked_cache("qwen2", "f16", "dense")
+    assert blocked_cache("qwen2", "f16", "dense", documents=True)
+    assert blocked_cache("llama", "k16v16", "dense", documents=True)
+    assert blocked_cache("qwen2", "k8v8", "dense") and blocked_cache("qwen2", "f16", "sparse")
+    # gemma3's sliding-window layers have no blocked cache: its documents stay on the dense one
+    assert not blocked_cache("gemma3", "f16", "dense", documents=True)
+
+
+def test_an_f16_document_is_read_once_and_loaded_from_its_file(tiny_model, tmp_path, doc):
+    model = tiny_model("llama")
+    file = CacheFile(tmp_path / "doc.kv", {"key": "doc", "kv": "f16"})
+    first = backend(model, documents=True)
+    assert first.blocked and first.capabilities.prefix_files
+    assert first.ensure_prefix(doc, file).status == "miss" and file.path.exists()
+    params = SamplingParams.make_greedy(6)
+    question = doc + [7, 8, 9]
+    want = list(first.generate(question, params))
+
+    later = backend(model, documents=True)
+    prefix = later.ensure_prefix(doc, CacheFile(file.path, file.meta, exists=True))
+    assert (prefix.status, prefix.source, prefix.rejected) == ("hit", "file", "")
+    assert list(later.generate(question, params)) == want
+    assert later.stats.reused_prompt_tokens >= len(doc) // CHUNK * CHUNK
+
+
+def test_a_completion_keeps_the_dense_cache_and_its_numerics(tiny_model):
+    plain = backend(tiny_model("llama"), documents=False)
+    assert not plain.blocked and not plain.capabilities.prefix_files
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_f16_blocks_predict_as_the_dense_f16_cache(tiny_model, doc, arch):
+    """Same halves, keys rotated in two steps (block start, then offset) instead of one: the
+    logits of every position agree to float32 rounding."""
+    model = tiny_model(arch)
+    dense, blocked = backend(model, documents=False), backend(model, documents=True)
+    want = prefill(dense.model, dense.cache, doc, CHUNK, all_logits=True)            # (T, V)
+    got = prefill(blocked.model, blocked.cache, doc, CHUNK, all_logits=True, state=blocked.state)
+    scale = float(np.abs(want).max())
+    assert np.abs(got - want).max() <= 2e-3 * scale
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.98
