@@ -1,11 +1,10 @@
 """Attention over selected blocks of the blocked KV cache (app/engine/attention/select.py chooses them).
 
-decode  (one query token): ``_decode_kernel`` reads each selected block once for all the
-        query heads of its KV head, straight from the quantized codes: a key code c in
-        channel d is lo_d + c step_d, so q . k = sum_d lo_d q_d + sum_d (q_d step_d) c, and a
-        value is scale_j (c - offset). Online softmax with a running max per head
-        (FlashAttention, Dao et al. 2022), the block list split across threads and the
-        partial results merged by their log-sum-exp.
+decode  (one query token): ``_decode_kernel`` decodes each selected block to float32 once
+        (keys lo_d + c step_d per channel, values scale_j (c - offset)) into L1, where all the
+        query heads of its KV head read it with 8-lane FMAs. Online softmax with a running
+        max per head (FlashAttention, Dao et al. 2022), the block list split across threads
+        and the partial results merged by their log-sum-exp.
 prefill (a chunk of T tokens): the selected blocks are decoded and rotated to their placed
         positions once per chunk and KV head, then scores and outputs are two BLAS matrix
         products; the causal mask uses true positions.
@@ -19,6 +18,7 @@ from ..kv.blocked import BlockKVCache, decode_keys
 from ..ops.expf import ggml_expf
 from ..ops.f16 import f16_to_f32
 from ..ops.rope import rotate, rotate_vec
+from ..ops.simd import add8, fma8, hsum8, load8_2d, splat8, store8_2d, zero8
 from ..quant import blas
 from ..quant.layout import chunk_groups, num_threads
 from .state import AttentionState
@@ -129,77 +129,91 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
 
 
 @njit(inline="always")
-def _key_scores(kc, kb, bits, qr, qs, n_valid, scale, s):
-    """s[j] = (qr . key_j) * scale for the first n_valid tokens of one block.
-
-    kc  # (B, HD|HD/2) codes;  kb  # (2, HD) uint16 bounds (unused for f16);  qr, qs  # (HD,) float32
-    """
-    head_dim = qr.shape[0]
-    half = head_dim // 2
-    if bits == 16:
-        for j in range(n_valid):
-            acc = np.float32(0.0)
-            for d in range(head_dim):
-                acc += qr[d] * f16_to_f32(np.uint16(kc[j, d]))
-            s[j] = acc * scale
-        return
-    qmax = np.float32((1 << bits) - 1)
-    base = np.float32(0.0)
-    for d in range(head_dim):
-        lo = f16_to_f32(kb[0, d])
-        qs[d] = qr[d] * ((f16_to_f32(kb[1, d]) - lo) / qmax)
-        base += qr[d] * lo
-    if bits == 8:
-        for j in range(n_valid):
-            acc = np.float32(0.0)
-            for d in range(head_dim):
-                acc += qs[d] * np.float32(kc[j, d])
-            s[j] = (base + acc) * scale
-    else:
-        for j in range(n_valid):
-            acc = np.float32(0.0)
-            for d in range(half):
-                c = kc[j, d]
-                acc += qs[d] * np.float32(c & 0x0F) + qs[d + half] * np.float32(c >> 4)
-            s[j] = (base + acc) * scale
+def _widen(c, n_valid, out):
+    """Rows 0..n_valid-1 of an f16 block (the tail being filled) as float32: out (>= n_valid, HD)."""
+    for j in range(n_valid):
+        for d in range(out.shape[1]):
+            out[j, d] = f16_to_f32(c[j, d])
 
 
 @njit(inline="always")
-def _add_values(vc, vs, bits, p, n_valid, acc):
-    """acc (HD,) += sum_j p[j] value_j over one block's first n_valid tokens."""
-    head_dim = acc.shape[0]
-    half = head_dim // 2
-    if bits == 16:
-        for j in range(n_valid):
-            pj = p[j]
+def _fma32(x, j, e, w0, w1, w2, w3, a0, a1, a2, a3):
+    """(a0, a1, a2, a3) + x[j, e:e + 32] * (w0, w1, w2, w3), 8 lanes each, one rounding.
+
+    x  # (N, HD) float32, C-contiguous;  w*, a*  # vec8
+    """
+    return (fma8(load8_2d(x, j, e), w0, a0), fma8(load8_2d(x, j, e + 8), w1, a1),
+            fma8(load8_2d(x, j, e + 16), w2, a2), fma8(load8_2d(x, j, e + 24), w3, a3))
+
+
+@njit(inline="always")
+def _scores(k, qr, n_valid, scale, s):
+    """s[g, j] = (qr[g] . k[j]) * scale for the query heads g of one KV head over one decoded
+    block. Two keys at a time with four 8-lane sums each, so eight FMA chains are in flight
+    (one sum per dot product would wait on the FMA latency at every step).
+
+    k  # (>= n_valid, HD) float32;  qr  # (G, HD) float32;  s  # (G, >= n_valid) float32
+    """
+    group, head_dim = qr.shape
+    j0 = 0
+    if head_dim % 32 == 0:
+        j0 = n_valid - n_valid % 2
+        for j in range(0, j0, 2):
+            for g in range(group):
+                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero8()
+                for e in range(0, head_dim, 32):
+                    q0 = load8_2d(qr, g, e)
+                    q1 = load8_2d(qr, g, e + 8)
+                    q2 = load8_2d(qr, g, e + 16)
+                    q3 = load8_2d(qr, g, e + 24)
+                    a0, a1, a2, a3 = _fma32(k, j, e, q0, q1, q2, q3, a0, a1, a2, a3)
+                    b0, b1, b2, b3 = _fma32(k, j + 1, e, q0, q1, q2, q3, b0, b1, b2, b3)
+                s[g, j] = hsum8(add8(add8(a0, a1), add8(a2, a3))) * scale
+                s[g, j + 1] = hsum8(add8(add8(b0, b1), add8(b2, b3))) * scale
+    for j in range(j0, n_valid):
+        for g in range(group):
+            acc = np.float32(0.0)
             for d in range(head_dim):
-                acc[d] += pj * f16_to_f32(np.uint16(vc[j, d]))
+                acc += qr[g, d] * k[j, d]
+            s[g, j] = acc * scale
+
+
+@njit(inline="always")
+def _add_values(v, p, g, n_valid, acc):
+    """acc[g] += sum_j p[g, j] v[j] over one decoded block: 32 dims and two keys at a time
+    (eight FMA chains), the sums kept in registers across the block.
+
+    v  # (>= n_valid, HD) float32;  p  # (G, >= n_valid) float32;  acc  # (G, HD) float32
+    """
+    head_dim = v.shape[1]
+    if head_dim % 32:
+        for j in range(n_valid):
+            pj = p[g, j]
+            for d in range(head_dim):
+                acc[g, d] += pj * v[j, d]
         return
-    total = np.float32(0.0)
-    if bits == 8:
-        for j in range(n_valid):
-            w = p[j] * f16_to_f32(vs[j])
-            total += w
-            for d in range(head_dim):
-                acc[d] += w * np.float32(vc[j, d])
-        for d in range(head_dim):
-            acc[d] -= total * np.float32(128.0)
-    else:
-        for j in range(n_valid):
-            w = p[j] * f16_to_f32(vs[j])
-            total += w
-            for d in range(half):
-                c = vc[j, d]
-                acc[d] += w * np.float32(c & 0x0F)
-                acc[d + half] += w * np.float32(c >> 4)
-        for d in range(head_dim):
-            acc[d] -= total * np.float32(8.0)
+    j0 = n_valid - n_valid % 2
+    for e in range(0, head_dim, 32):
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero8()
+        for j in range(0, j0, 2):
+            pa = splat8(p[g, j])
+            pb = splat8(p[g, j + 1])
+            a0, a1, a2, a3 = _fma32(v, j, e, pa, pa, pa, pa, a0, a1, a2, a3)
+            b0, b1, b2, b3 = _fma32(v, j + 1, e, pb, pb, pb, pb, b0, b1, b2, b3)
+        if j0 < n_valid:
+            pa = splat8(p[g, j0])
+            a0, a1, a2, a3 = _fma32(v, j0, e, pa, pa, pa, pa, a0, a1, a2, a3)
+        store8_2d(add8(add8(a0, b0), load8_2d(acc, g, e)), acc, g, e)
+        store8_2d(add8(add8(a1, b1), load8_2d(acc, g, e + 8)), acc, g, e + 8)
+        store8_2d(add8(add8(a2, b2), load8_2d(acc, g, e + 16)), acc, g, e + 16)
+        store8_2d(add8(add8(a3, b3), load8_2d(acc, g, e + 24)), acc, g, e + 24)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, n_limit, k_bits, v_bits,
                    blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax, bsum, mass, credit0, credit1):
-    """One query token over the selected blocks.
+    """One query token over the selected blocks. Each block is decoded to float32 once and
+    read from L1 by all the query heads of its KV head (the group shares the decoding).
 
     q       # (H, HD) float32 before RoPE, at placed position qpos
     b*/o*   # base (memory-mapped) / own blocks of this layer: kc (KVH, NB, B, HD|HD/2),
@@ -224,9 +238,10 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
         split = item - h * n_split
         i0 = split * ns // n_split
         i1 = (split + 1) * ns // n_split
-        qr = np.empty(head_dim, np.float32)
-        qs = np.empty(head_dim, np.float32)
-        s = np.empty(block, np.float32)
+        qr = np.empty((group, head_dim), np.float32)   # (G, HD) the group's queries, rotated
+        kx = np.empty((block, head_dim), np.float32)   # (B, HD) the block's keys, decoded
+        vx = np.empty((block, head_dim), np.float32)   # (B, HD) its values, decoded
+        s = np.empty((group, block), np.float32)       # (G, B) scores, then weights
         m = part_m[item]
         l = part_l[item]
         acc = part_acc[item]
@@ -242,21 +257,25 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 continue
             rel = qpos - place[h, i]
             for g in range(group):
+                rotate_vec(q[h * group + g], cos[rel], sin[rel], neox, qr[g])
+            if b >= n_full:
+                _widen(tail_k[h], n_valid, kx)
+                _widen(tail_v[h], n_valid, vx)
+            elif b < nb_base:
+                _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid, kx, vx)
+            else:
+                _decode_block(okc[h, b], okb[h, b], ovc[h, b], ovs[h, b], k_bits, v_bits, n_valid, kx, vx)
+            _scores(kx, qr, n_valid, scale, s)
+            for g in range(group):
                 hq = h * group + g
-                rotate_vec(q[hq], cos[rel], sin[rel], neox, qr)
-                if b >= n_full:
-                    _key_scores(tail_k[h], tail_k[h], 16, qr, qs, n_valid, scale, s)   # f16: no bounds read
-                elif b < nb_base:
-                    _key_scores(bkc[h, b], bkb[h, b], k_bits, qr, qs, n_valid, scale, s)
-                else:
-                    _key_scores(okc[h, b], okb[h, b], k_bits, qr, qs, n_valid, scale, s)
                 bm = _NEG_INF
                 for j in range(n_valid):
-                    bm = max(bm, s[j])
+                    bm = max(bm, s[g, j])
                 bs = np.float32(0.0)
                 for j in range(n_valid):
-                    s[j] = ggml_expf(s[j] - bm)
-                    bs += s[j]
+                    e = ggml_expf(s[g, j] - bm)
+                    s[g, j] = e
+                    bs += e
                 bmax[hq, i] = bm
                 bsum[hq, i] = bs
                 if bm > m[g]:
@@ -268,13 +287,8 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 w = np.exp(bm - m[g])
                 l[g] += bs * w
                 for j in range(n_valid):
-                    s[j] *= w
-                if b >= n_full:
-                    _add_values(tail_v[h], tail_v[h, 0], 16, s, n_valid, acc[g])      # f16: no scales read
-                elif b < nb_base:
-                    _add_values(bvc[h, b], bvs[h, b], v_bits, s, n_valid, acc[g])
-                else:
-                    _add_values(ovc[h, b], ovs[h, b], v_bits, s, n_valid, acc[g])
+                    s[g, j] *= w
+                _add_values(vx, s, g, n_valid, acc)
     # Merge the splits of each head by their log-sum-exp; credit each block its mass.
     for h in range(n_kv_heads):
         for g in range(group):
