@@ -51,6 +51,48 @@ def llama_cpp():
     return pytest.importorskip("llama_cpp")
 
 
+TIE = 0.1   # logits this close are a tie: a last-bit difference anywhere before can swap them
+
+
+def llamacpp_takes_the_avx2_kernels(llama_cpp) -> bool:
+    """Whether this llama.cpp build multiplies through the AVX2 kernels that eLLM reproduces bit
+    for bit. A build with AVX-512 or AMX (on a CPU that has them, such as this project's
+    Sapphire Rapids machines) takes other kernels for batches, whose float sums come in another
+    order: logits then agree to float rounding, not to the bit."""
+    info = llama_cpp.llama_print_system_info().decode()
+    return "AVX512 = 1" not in info and "AMX_INT8 = 1" not in info
+
+
+def llama_greedy_gaps(llama_cpp, path: Path, prompt: str | list[int], n: int
+                      ) -> tuple[list[int], list[int], list[float]]:
+    """(the prompt's ids, llama.cpp's n greedy tokens after it, the gap between its two best
+    logits at each: a gap under TIE is a tie). A text prompt is tokenized with its BOS."""
+    llm = open_llama(path, n_ctx=256, logits_all=True, n_threads=2, verbose=False)
+    try:
+        ids = llm.tokenize(prompt.encode(), add_bos=True) if isinstance(prompt, str) else list(prompt)
+        llm.eval(ids)
+        out, gaps = [], []
+        for _ in range(n):
+            row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)      # (V,)
+            best2 = np.partition(row, -2)[-2:]
+            out.append(int(np.argmax(row)))
+            gaps.append(float(best2[1] - best2[0]))
+            llm.eval([out[-1]])
+    finally:
+        llm.close()
+    return ids, out, gaps
+
+
+def agreed_until_a_tie(ours: list[int], ref: list[int], gaps: list[float]) -> int:
+    """How many of our greedy tokens equal llama.cpp's; where they part, llama.cpp's two best
+    logits must be a tie (the test fails otherwise)."""
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        if a != b:
+            assert gaps[i] < TIE, f"token {i}: ours {a}, llama.cpp {b} with a margin of {gaps[i]:.3f} logits"
+            return i
+    return min(len(ours), len(ref))
+
+
 def llama_logits(llama_cpp, path: Path, prompt: list[int], steps: list[int], n_ctx: int = 256):
     """llama.cpp's logits: (T, V) for the prompt in one batch, then (len(steps), V) for each
     of ``steps`` fed one token at a time."""

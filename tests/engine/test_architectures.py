@@ -13,7 +13,7 @@ from app.engine.generate import decode_one_token, prefill
 from app.engine.kv.formats import KVSpec
 from app.engine.model.config import ROPE_NEOX, ModelConfig, UnsupportedModelError
 from app.engine.model.transformer import Model
-from tests.engine.conftest import llama_logits
+from tests.engine.conftest import TIE, llama_greedy_gaps, llama_logits
 from tests.engine.test_model import PROMPT, STEPS, TOLERANCE, assert_logits_close
 
 # The blocked cache in blocks of 16 tokens: the prompt's first 16 tokens fill a block, the rest
@@ -170,22 +170,6 @@ def test_the_header_check_takes_qwen3_and_gemma3_and_refuses_others(tiny_model):
     assert "architecture 'phi3'" in why_not(scan_gguf(tiny_model("phi3")))
 
 
-def _greedy_llamacpp(llama_cpp, path, prompt: str, n: int) -> tuple[list[int], list[int]]:
-    from app.engine.llamacpp_backend import open_llama
-
-    llm = open_llama(path, n_ctx=256, logits_all=True, n_threads=2, verbose=False)
-    try:
-        ids = llm.tokenize(prompt.encode(), add_bos=True)
-        llm.eval(ids)
-        out = []
-        for _ in range(n):
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-            llm.eval([out[-1]])
-    finally:
-        llm.close()
-    return ids, out
-
-
 # Measured on gemma-3-270m Q4_K_M, 16 greedy tokens, eLLM against llama.cpp (both prefill the
 # prompt in one batch): the same on "The three primary colors are", "Water boils at a temperature
 # of", "My favorite food is"; apart after 7-14 tokens on "The capital of France is", "Once upon a
@@ -199,15 +183,23 @@ AGREEING_PROMPTS = ["The three primary colors are", "Water boils at a temperatur
 
 @pytest.mark.parametrize("prompt", AGREEING_PROMPTS)
 def test_real_gemma3_greedy_text_matches_llamacpp(gemma3, llama_cpp, prompt):
-    ids, ref = _greedy_llamacpp(llama_cpp, gemma3, prompt, 16)
+    """Our greedy tokens are llama.cpp's until the end or until a tie: where they part, both
+    engines' two candidates are within TIE of each other (llama-cpp-python 0.3.36 with AVX-512 and
+    AMX parts from us on "Water boils at ..." at token 8, between two tokens 0.015 apart in our
+    logits)."""
+    ids, ref, gaps = llama_greedy_gaps(llama_cpp, gemma3, prompt, 16)
     model = Model(gemma3)
     cache = model.new_cache(256)
     logits = prefill(model, cache, ids)
-    ours = []
-    for _ in range(16):
-        ours.append(int(np.argmax(logits)))
-        logits = decode_one_token(model, cache, ours[-1])
-    assert ours == ref
+    agreed = 0
+    while agreed < len(ref):
+        token = int(np.argmax(logits))
+        if token != ref[agreed]:
+            assert gaps[agreed] < TIE and logits[token] - logits[ref[agreed]] < TIE, (agreed, token, ref)
+            break
+        agreed += 1
+        logits = decode_one_token(model, cache, token)
+    assert agreed >= 4
 
 
 def test_real_gemma3_first_position_is_bit_exact_and_the_rest_within_llamacpps_own_spread(gemma3, llama_cpp):

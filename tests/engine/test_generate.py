@@ -12,6 +12,7 @@ from app.engine.generate import generate_tokens, prefill
 from app.engine.llamacpp_backend import open_llama
 from app.engine.model.transformer import Model
 from app.engine.sampling import Sampler
+from tests.engine.conftest import agreed_until_a_tie, llama_greedy_gaps, llamacpp_takes_the_avx2_kernels
 
 PROMPT = [5, 977, 12, 1500, 44, 300, 2001, 87, 640, 19, 1024, 256]
 
@@ -167,14 +168,14 @@ def test_qwen05_with_q5_0_and_q8_0_weights_follows_llamacpp(llama_cpp):
     """The real Qwen2.5-Coder-0.5B Q4_K_M file (Q5_0, Q8_0, Q4_K, Q6_K weights; skipped where
     it is not downloaded) loads in eLLM's engine and its greedy tokens follow llama.cpp's.
     Q5_0 and Q8_0 products are bit-identical, Q4_K / Q6_K only up to the order of float
-    additions, so a near-tie could part them: measured here, 32 of 32 tokens agree on this
-    prompt (on 4 prompts, 3 agree for 32 tokens and one parts at token 21, at a llama.cpp
-    top-2 margin of 0.14 logits)."""
+    additions (and against a llama.cpp built with AVX-512 or AMX, to float rounding), so a
+    near-tie could part them: measured on an AVX2 build, 32 of 32 tokens agree on this prompt
+    (on 4 prompts, 3 agree for 32 tokens and one parts at token 21, at a llama.cpp top-2 margin
+    of 0.14 logits). Where they part, llama.cpp's two best logits must be a tie."""
     if not QWEN05.exists():
         pytest.skip(f"{QWEN05} is not downloaded")
     from app.engine.ellm_backend import EllmBackend
     backend = EllmBackend(QWEN05, n_ctx=256, n_threads=2)
-    llm = open_llama(QWEN05, n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
     try:
         kinds = {m.qtype.name for m in (backend.model.tok_embd, backend.model.layers[0].w_up,
                                         backend.model.layers[0].w_down)}
@@ -183,8 +184,10 @@ def test_qwen05_with_q5_0_and_q8_0_weights_follows_llamacpp(llama_cpp):
         params = SamplingParams(max_tokens=16, temperature=0.0, top_k=1, top_p=1.0, repeat_penalty=1.0,
                                 ignore_eos=True)
         ours = list(backend.generate(prompt, params))
-        assert ours == llama_greedy(llm, prompt, 16)
-        assert "Paris" in backend.detokenize(ours)
+        _, ref, gaps = llama_greedy_gaps(llama_cpp, QWEN05, prompt, 16)
+        agreed = agreed_until_a_tie(ours, ref, gaps)
+        assert agreed >= 2 and "Paris" in backend.detokenize(ours[:agreed])
+        if llamacpp_takes_the_avx2_kernels(llama_cpp):
+            assert agreed == 16
     finally:
-        llm.close()
         backend.close()
