@@ -92,11 +92,10 @@ class Session:
         cache), i.e. whether reading ahead persists anything."""
         from app.engine.model.support import blocked_cache
         from app.runtime.engines import choose_engine
-        from app.runtime.model_files import scan_gguf
 
         c, path = self.chosen(1), self.model_path
-        return choose_engine(self.settings.engine, path).name == "ellm" and blocked_cache(
-            scan_gguf(path).architecture, c.kv, c.attention, documents=True)
+        choice = choose_engine(self.settings.engine, path)
+        return choice.name == "ellm" and blocked_cache(choice.architecture, c.kv, c.attention, documents=True)
 
     def engine_note(self) -> str:
         """Why the automatic engine choice took llama.cpp for this model ("" otherwise)."""

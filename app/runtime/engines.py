@@ -25,6 +25,7 @@ ENGINES = ("auto", "ellm", "llamacpp")   # the engine setting: auto, or a backen
 class EngineChoice:
     name: str        # "ellm" | "llamacpp"
     note: str = ""   # why auto chose llama.cpp ("" when nothing needs saying)
+    architecture: str = ""   # general.architecture, when the header was read ("" for llamacpp asked by name)
 
 
 def choose_engine(engine: str, model_path: Path) -> EngineChoice:
@@ -33,13 +34,15 @@ def choose_engine(engine: str, model_path: Path) -> EngineChoice:
         raise ValueError(f"unknown engine {engine!r}; choose auto, ellm or llamacpp")
     if engine == "llamacpp":
         return EngineChoice("llamacpp")
-    reason = why_not(scan_gguf(model_path))
+    layout = scan_gguf(model_path)
+    reason = why_not(layout)
     if not reason:
-        return EngineChoice("ellm")
+        return EngineChoice("ellm", architecture=layout.architecture)
     if engine == "ellm":
         raise ModelError(f"{model_path}: eLLM's engine cannot run this model: {reason}; "
                          f"choose the llama.cpp engine (--engine llamacpp) or the automatic choice")
-    return EngineChoice("llamacpp", f"{Path(model_path).name} runs on llama.cpp, because eLLM's engine: {reason}")
+    return EngineChoice("llamacpp", f"{Path(model_path).name} runs on llama.cpp, because eLLM's engine: {reason}",
+                        layout.architecture)
 
 
 def thread_plan(threads: int = 0, numa: str = "distribute"):
@@ -80,7 +83,7 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
         raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(KV_NAMES)}")
     # eLLM's blocked cache grows in place (EllmBackend.reserve), so one loaded model serves
     # every context of its settings; llama.cpp's and the dense f16 cache are sized at load.
-    grows = chosen == "ellm" and blocked_cache(scan_gguf(model_path).architecture, kv, attention, documents)
+    grows = chosen == "ellm" and blocked_cache(choice.architecture, kv, attention, documents)
     key = (chosen, str(model_path), None if grows else n_ctx, threads, numa) + (
         (kv, attention, grows) if chosen == "ellm" else (kv,))
     with _open_lock:

@@ -31,7 +31,8 @@ def test_auto_takes_our_engine_when_it_can_and_llamacpp_with_a_note_when_not(fil
     arch = choose_engine("auto", files["phi3"])
     kind = choose_engine("auto", files["type"])
     assert time.perf_counter() - t0 < 1.0            # the header only: nothing is loaded
-    assert (ours.name, ours.note) == ("ellm", "")
+    assert (ours.name, ours.note, ours.architecture) == ("ellm", "", "llama")
+    assert (arch.architecture, kind.architecture) == ("phi3", "llama")
     assert arch.name == "llamacpp" and "architecture 'phi3'" in arch.note and arch.note.count("\n") == 0
     assert kind.name == "llamacpp" and "no kernels for tensor type" in kind.note
     assert choose_engine("llamacpp", files["llama"]).name == "llamacpp"
@@ -54,4 +55,17 @@ def test_auto_takes_our_engine_for_every_format_it_has_kernels_for(tmp_path, qty
     """Q4_K_M files carry Q5_0 and Q8_0 tensors too (Qwen2.5-0.5B), IQ4_XS files IQ4_NL ones."""
     path = write_tiny_model(tmp_path / "m.gguf", TinySpec(arch="llama", qtype=qtype, dim=256, ffn_dim=256))
     assert qtype.name in WEIGHT_TYPES
-    assert choose_engine("auto", path) == choose_engine("ellm", path) == EngineChoice("ellm")
+    assert choose_engine("auto", path) == choose_engine("ellm", path) == EngineChoice("ellm", architecture="llama")
+
+
+def test_opening_a_backend_reads_the_header_once_for_the_engine_and_the_cache_rule(files, monkeypatch):
+    """The architecture that decides the blocked cache comes with the engine choice."""
+    import app.runtime.engines as engines
+
+    scans = []
+    real = engines.scan_gguf
+    monkeypatch.setattr(engines, "scan_gguf", lambda path: scans.append(path) or real(path))
+    monkeypatch.setattr(engines, "_cache", {})
+    backend = engines.open_backend("auto", files["llama"], n_ctx=128, threads=1, documents=True)
+    assert backend.blocked and scans == [files["llama"]]
+    backend.close()
