@@ -129,14 +129,6 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
 
 
 @njit(inline="always")
-def _widen(c, n_valid, out):
-    """Rows 0..n_valid-1 of an f16 block (the tail being filled) as float32: out (>= n_valid, HD)."""
-    for j in range(n_valid):
-        for d in range(out.shape[1]):
-            out[j, d] = f16_to_f32(c[j, d])
-
-
-@njit(inline="always")
 def _fma32(x, j, e, w0, w1, w2, w3, a0, a1, a2, a3):
     """(a0, a1, a2, a3) + x[j, e:e + 32] * (w0, w1, w2, w3), 8 lanes each, one rounding.
 
@@ -259,8 +251,8 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
             for g in range(group):
                 rotate_vec(q[h * group + g], cos[rel], sin[rel], neox, qr[g])
             if b >= n_full:
-                _widen(tail_k[h], n_valid, kx)
-                _widen(tail_v[h], n_valid, vx)
+                # the f16 tail: no bounds or scales to read (k_bits = v_bits = 16)
+                _decode_block(tail_k[h], tail_k[h], tail_v[h], tail_v[h, 0], 16, 16, n_valid, kx, vx)
             elif b < nb_base:
                 _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid, kx, vx)
             else:
