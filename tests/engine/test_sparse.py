@@ -257,11 +257,14 @@ def test_a_question_after_a_document_keeps_its_checkpoint_and_votes_every_layer(
     assert again == first and b.stats.reused_prompt_tokens == len(doc)
 
 
-@pytest.mark.parametrize("n_tok,group,n_keys", [(50, 3, 2600), (7, 2, 300), (130, 1, 1100)])
-def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys):
-    """The prefill's scores, causal softmax and values (each thread a run of the queries, BLAS
-    products) against float64 numpy: keys at positions after a query's get nothing."""
-    from app.engine.attention import blocks
+@pytest.mark.parametrize("split", ["by_queries", "by_keys"])
+@pytest.mark.parametrize("n_tok,group,n_keys", [(50, 3, 2600), (7, 2, 300), (130, 1, 1100), (3, 6, 5000)])
+def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys, split):
+    """The prefill's scores, causal softmax and values (BLAS products in numba's threads, the
+    work shared by queries or by keys, several key tiles per thread) against float64 numpy:
+    keys at positions after a query's get nothing, and a thread whose keys a query cannot see
+    adds nothing to it."""
+    from app.engine.attention import products
     rng = np.random.default_rng(n_keys)
     hd = 32
     qh = rng.standard_normal((n_tok * group, hd)).astype(np.float32)         # (T*G, HD)
@@ -271,7 +274,7 @@ def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys):
     query_pos = np.sort(rng.choice(np.arange(key_pos[0], key_pos[-1] + 1), n_tok)).astype(np.int64)
     scale = np.float32(hd ** -0.5)
     out = np.empty_like(qh)
-    blocks._products(qh, k, v, key_pos, query_pos, group, scale, 2, out)
+    getattr(products, split)(qh, k, v, key_pos, query_pos, group, scale, 2, out)
     s = (qh.astype(np.float64) @ k.T.astype(np.float64)) * float(scale)     # (T*G, N)
     seen = key_pos[None, :] <= np.repeat(query_pos, group)[:, None]
     s = np.where(seen, s, -np.inf)

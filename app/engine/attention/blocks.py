@@ -6,8 +6,8 @@ decode  (one query token): ``_decode_kernel`` decodes each selected block to flo
         max per head (FlashAttention, Dao et al. 2022), the block list split across threads
         and the partial results merged by their log-sum-exp.
 prefill (a chunk of T tokens): the selected blocks are decoded and rotated to their placed
-        positions once per chunk and KV head, then scores and outputs are two BLAS matrix
-        products; the causal mask uses true positions.
+        positions once per chunk and KV head, then scores and outputs are BLAS matrix
+        products (attention/products.py); the causal mask uses true positions.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from ..ops.f16 import f16_to_f32
 from ..ops.rope import rotate, rotate_vec
 from ..ops.simd import add8, fma8, hsum8, load8_2d, splat8, store8_2d, zero8
 from ..quant import blas
-from ..quant.layout import chunk_groups, num_threads
+from ..quant.layout import num_threads
+from . import products
 from .state import AttentionState
 from .select import Selection, nominal_distance, select
 from .votes import observed_attention, observing
@@ -311,8 +312,8 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
 
 def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale):
     """Queries at pos0.. over their selected blocks; the cache holds ``n`` tokens. Per KV
-    head, the blocks are decoded once, then each of numba's threads takes a run of the
-    queries through scores, masked softmax and values (one-thread sgemms; blas.py)."""
+    head, the blocks are decoded once, then scores, masked softmax and values are one-thread
+    sgemms in numba's threads (attention/products.py)."""
     n_tok, n_heads, head_dim = q.shape
     kvh, ns = sel.blocks.shape
     group = n_heads // kvh
@@ -324,31 +325,16 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
     v_buf = np.empty((ns * B, head_dim), np.float32)                        # (N, HD)
     t_buf = np.empty(ns * B, np.int64)                                      # (N,) true positions
     out_h = np.empty((n_tok * group, head_dim), np.float32)                 # (T*G, HD)
-    n_parts = min(num_threads(), n_tok)
+    n_parts = num_threads()
     for h in range(kvh):
         count = _gather(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
                         sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
         qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
         with blas.one_blas_thread():
-            _products(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
-                      n_parts, out_h)
+            products.attend(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
+                            n_parts, out_h)
         out[:, h * group:(h + 1) * group] = out_h.reshape(n_tok, group, head_dim)
     return out
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _products(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
-    """out = softmax_masked(qh k^T * scale) v, each thread taking a run of the queries.
-
-    qh, out  # (T*G, HD) float32: row t*G + g is query head g of token t
-    k, v     # (N, HD) float32;  key_pos  # (N,) int64 ascending;  query_pos  # (T,) int64
-    """
-    n_tok = query_pos.shape[0]
-    for c in prange(n_parts):
-        t0, t1 = chunk_groups(c, n_parts, n_tok)
-        s = np.dot(qh[t0 * group:t1 * group], k.T)                       # (R, N)
-        _masked_softmax(s, scale, key_pos, query_pos[t0:t1], group)
-        out[t0 * group:t1 * group] = np.dot(s, v)                        # (R, HD)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
@@ -370,10 +356,8 @@ def _gather(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, 
         r0 = i * block
         kraw = np.empty((block, head_dim), np.float32)
         if b >= n_full:
-            for j in range(n_valid):
-                for d in range(head_dim):
-                    kraw[j, d] = f16_to_f32(tail_k[h, j, d])
-                    v_out[r0 + j, d] = f16_to_f32(tail_v[h, j, d])
+            _decode_block(tail_k[h], tail_k[h], tail_v[h], tail_v[h, 0], 16, 16, n_valid,
+                          kraw, v_out[r0:r0 + block])
         elif b < nb_base:
             _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid,
                           kraw, v_out[r0:r0 + block])
@@ -409,26 +393,3 @@ def _decode_block(kc, kb, vc, vs, k_bits, v_bits, n_valid, k_out, v_out):
                 c = vc[j, d]
                 v_out[j, d] = (np.float32(c & 0x0F) - np.float32(8.0)) * sc
                 v_out[j, d + half] = (np.float32(c >> 4) - np.float32(8.0)) * sc
-
-
-@njit(cache=True, nogil=True, fastmath=True)
-def _masked_softmax(s, scale, key_pos, query_pos, group):
-    """In place: row r (query t = r // group) of s (T*G, N) becomes softmax(s * scale) over
-    the keys at positions <= query_pos[t]; later keys get 0. key_pos is ascending, so the
-    allowed keys are a prefix of the row. exp is ggml's (vectorises, unlike libm's)."""
-    n_rows, n_keys = s.shape
-    for r in range(n_rows):   # serial: each thread of _products runs its own rows
-        cnt = np.searchsorted(key_pos, query_pos[r // group], side="right")
-        mx = _NEG_INF
-        for j in range(cnt):
-            mx = max(mx, s[r, j] * scale)
-        total = np.float32(0.0)
-        for j in range(cnt):
-            e = ggml_expf(s[r, j] * scale - mx)
-            s[r, j] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for j in range(cnt):
-            s[r, j] *= inv
-        for j in range(cnt, n_keys):
-            s[r, j] = 0.0
