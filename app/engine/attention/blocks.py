@@ -22,6 +22,7 @@ from ..ops.simd import add8, fma8, hsum8, load8_2d, splat8, store8_2d, zero8
 from ..quant import blas
 from ..quant.layout import num_threads
 from . import products
+from .products import merge_runs
 from .state import AttentionState
 from .select import Selection, nominal_distance, select
 from .votes import observed_attention, observing
@@ -286,21 +287,8 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
     for h in range(n_kv_heads):
         for g in range(group):
             hq = h * group + g
-            mm = _NEG_INF
-            for split in range(n_split):
-                mm = max(mm, part_m[h * n_split + split, g])
-            total = np.float32(0.0)
-            for d in range(head_dim):
-                out[hq, d] = 0.0
-            for split in range(n_split):
-                it = h * n_split + split
-                f = np.exp(part_m[it, g] - mm) if part_m[it, g] > _NEG_INF else np.float32(0.0)
-                total += part_l[it, g] * f
-                for d in range(head_dim):
-                    out[hq, d] += part_acc[it, g, d] * f
-            inv = np.float32(1.0) / total
-            for d in range(head_dim):
-                out[hq, d] *= inv
+            r0, r1 = h * n_split, (h + 1) * n_split
+            mm, inv = merge_runs(part_m[r0:r1], part_l[r0:r1], part_acc[r0:r1], g, out[hq])
             for i in range(credit0, credit1):
                 b = blocks[h, i]
                 if n_limit - b * block > 0:

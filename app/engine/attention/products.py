@@ -131,19 +131,36 @@ def by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
                     acc[r, d] *= corr
             acc += np.dot(s, v[t0:t1])
     for r in prange(n_rows):
-        mm = _NEG_INF
-        for c in range(n_parts):
-            mm = max(mm, part_m[c, r])
-        total = np.float32(0.0)
+        merge_runs(part_m, part_l, part_acc, r, out[r])
+
+
+@njit(inline="always")
+def merge_runs(part_m, part_l, part_acc, r, out):
+    """out = row r of the runs' outputs merged by their log-sum-exp (flash decoding):
+    each run's unnormalised output weighted by exp(its max - the overall max), divided by the
+    weighted exp-sums. Runs that saw no key of the row (max -inf) add nothing.
+
+    part_m, part_l  # (P, R) float32: each run's max and exp-sum per row
+    part_acc        # (P, R, HD) float32: each run's unnormalised output
+    out             # (HD,) float32, written
+    Returns (mm, inv): the overall max and 1 / the total exp-sum (decode credits block mass with them).
+    """
+    n_parts = part_m.shape[0]
+    head_dim = out.shape[0]
+    mm = _NEG_INF
+    for c in range(n_parts):
+        mm = max(mm, part_m[c, r])
+    total = np.float32(0.0)
+    for d in range(head_dim):
+        out[d] = 0.0
+    for c in range(n_parts):
+        if part_m[c, r] == _NEG_INF:     # no key of this run is visible to the row
+            continue
+        f = np.float32(np.exp(part_m[c, r] - mm))
+        total += f * part_l[c, r]
         for d in range(head_dim):
-            out[r, d] = 0.0
-        for c in range(n_parts):
-            if part_m[c, r] == _NEG_INF:     # no key of this run is visible to the row
-                continue
-            f = np.float32(np.exp(part_m[c, r] - mm))
-            total += f * part_l[c, r]
-            for d in range(head_dim):
-                out[r, d] += f * part_acc[c, r, d]
-        inv = np.float32(1.0) / total
-        for d in range(head_dim):
-            out[r, d] *= inv
+            out[d] += f * part_acc[c, r, d]
+    inv = np.float32(1.0) / total
+    for d in range(head_dim):
+        out[d] *= inv
+    return mm, inv
