@@ -462,6 +462,62 @@ def test_q4_k_batches_in_token_tiles_keep_each_tokens_chain():
     np.testing.assert_array_equal(y[41], m.matvec(x[41]))
 
 
+def test_vnni_byte_products_are_the_integers_of_the_widened_form():
+    """dpbusd (vpdpbusd where the CPU has VNNI) and dpbusd_widened (32-bit multiplies, any
+    CPU): acc + the sums of 4 adjacent unsigned x signed byte products, wrapping in int32,
+    at the extremes of both byte ranges."""
+    from numba import njit
+
+    from app.engine.ops.simd_int import HAS_AVX2, dpbusd, dpbusd_widened, hsum32, load256, vand
+    if not HAS_AVX2:
+        pytest.skip("x86 vectors only")
+
+    @njit
+    def both(acc, a, b, native, widened):
+        c, x, y = load256(acc, 0), load256(a, 0), load256(b, 0)
+        one = np.zeros(8, np.int32)          # (8,) int32: all ones in lane i picks lane i
+        for i in range(8):
+            one[:] = 0
+            one[i] = -1
+            native[i] = hsum32(vand(dpbusd(c, x, y), load256(one, 0)))
+            widened[i] = hsum32(vand(dpbusd_widened(c, x, y), load256(one, 0)))
+
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        a = rng.integers(0, 256, 32).astype(np.uint8)
+        b = rng.integers(-128, 128, 32).astype(np.int8)
+        if trial == 0:
+            a[:], b[:] = 255, -128                        # the largest magnitude of a product
+        acc = rng.integers(-2**31, 2**31, 8, dtype=np.int64).astype(np.int32)
+        acc[0] = 2**31 - 1                                # wraps past the top
+        native, widened = np.empty(8, np.int32), np.empty(8, np.int32)
+        both(acc, a, b, native, widened)
+        expected = (acc.astype(np.int64) + (a.astype(np.int64) * b).reshape(8, 4).sum(axis=1))
+        expected = ((expected + 2**31) % 2**32 - 2**31).astype(np.int32)
+        np.testing.assert_array_equal(native, expected)
+        np.testing.assert_array_equal(widened, expected)
+
+
+@pytest.mark.parametrize("n_tok, n_in", [(4, 512), (7, 512), (42, 8960)])
+def test_q4_k_batches_through_vnni_equal_the_avx2_kernel(n_tok, n_in):
+    """With vnni, Q4_K's fours of tokens sum each sub-block in int32 lanes (vpdpbusd) and
+    scale them with vpmulld instead of vpmaddubsw's int16 pairs and vpmaddwd: the same
+    integers, so every output is the same float, in fours, in the n % 4 rest and across the
+    token tiles of a wide input. QMatrix takes it where the CPU has VNNI."""
+    from app.engine.ops.simd_int import HAS_AVX2, HAS_VNNI
+    from app.engine.quant import kquants_avx2
+    if not HAS_AVX2:
+        pytest.skip("the AVX2 kernels only")
+    m = QMatrix.from_array(make_raw(Q.Q4_K, 40, n_in, seed=n_tok), Q.Q4_K)
+    x = make_acts(n_tok, n_in, seed=n_tok)
+    out = {}
+    for vnni in (False, True):
+        out[vnni] = np.empty((n_tok, 40), F32)
+        kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 40, vnni, 2, x, out[vnni])
+    np.testing.assert_array_equal(out[True], out[False])
+    np.testing.assert_array_equal(m.matmul(x), out[HAS_VNNI])
+
+
 def test_real_shapes_of_smollm2():
     """n_in = 576 is 18 blocks of 32 (not a power of two), as in SmolLM2-135M."""
     for qtype in (Q.Q4_1, Q.Q8_0):

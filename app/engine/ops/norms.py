@@ -6,7 +6,7 @@ operations are the same IEEE ops (no fastmath: no reassociation, no FMA contract
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .expf import silu8
 from .f16 import f32_to_f16
@@ -44,16 +44,17 @@ def add_rms_norm_rows(x, r, w, eps, out):
     rms_norm_rows(x, w, eps, out)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def swiglu(gate, up, out):
     """out = silu(gate) * up  — ggml_vec_swiglu_f32 (vec.cpp): SIMD ggml_v_silu on blocks
-    of 8, then x / (1 + expf(-x)) for the tail.
+    of 8, then x / (1 + expf(-x)) for the tail. Tokens in parallel (a 512-token prefill
+    chunk of Qwen2.5-1.5B's FFN is 4.6 M elements per layer: 1 s of a 14 s prefill serially).
 
     gate, up, out  # (T, F) float32
     """
     n_tok, n = gate.shape
     n_simd = n - n % 8
-    for t in range(n_tok):
+    for t in prange(n_tok):
         for i in range(0, n_simd, 8):
             store8_2d(mul8(silu8(load8_2d(gate, t, i)), load8_2d(up, t, i)), out, t, i)
         for i in range(n_simd, n):
@@ -73,7 +74,7 @@ def gelu_f16_table() -> np.ndarray:
         return y.astype(np.float16).astype(np.float32)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def geglu(gate, up, table, out):
     """out = gelu(gate) * up — ggml_vec_geglu_f32 (vec.h, GGML_GELU_FP16): 0 for gate <= -10,
     gate itself for gate >= 10, else the f16 table at gate rounded to f16.
@@ -81,7 +82,7 @@ def geglu(gate, up, table, out):
     gate, up, out  # (T, F) float32;  table  # (65536,) float32, gelu_f16_table()
     """
     n_tok, n = gate.shape
-    for t in range(n_tok):
+    for t in prange(n_tok):     # tokens in parallel, as swiglu
         for i in range(n):
             x = gate[t, i]
             if x <= np.float32(-10.0):

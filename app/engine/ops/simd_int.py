@@ -9,9 +9,14 @@ of ggml-cpu's x86 kernels (arch/x86/quants.c, arch/x86/repack.cpp):
     maddubs   _mm256_maddubs_epi16  unsigned bytes x signed bytes, adjacent pairs summed to i16
     madd16    _mm256_madd_epi16     i16 x i16, adjacent pairs summed to i32
     add16     _mm256_add_epi16      (wrapping; callers keep sums below 2**15)
+    dpbusd    _mm256_dpbusd_epi32   AVX-512 VNNI / AVX-VNNI: unsigned bytes x signed bytes,
+                                    each 4 adjacent products summed into an i32 accumulator
 
 The two multiply-adds exist only on x86 with AVX2 (``HAS_AVX2``); kernels built on them are
 chosen by quant/qmatrix.py only there, and the portable kernels serve everywhere else.
+``dpbusd`` is one instruction where the CPU has VNNI (``HAS_VNNI``) and the same integers from
+widening multiplies elsewhere, so a kernel built on it compiles and is exact on any x86 machine
+and is chosen for speed only where it is one instruction.
 """
 from __future__ import annotations
 
@@ -39,6 +44,20 @@ def _host_has_avx2() -> bool:
 
 
 HAS_AVX2 = _host_has_avx2()
+
+
+def _host_has_vnni() -> bool:
+    """vpdpbusd on 256-bit vectors: AVX-512 VNNI with VL (Ice Lake, Sapphire Rapids, Zen 4)
+    or AVX-VNNI (Alder Lake and later)."""
+    try:
+        features = llvm.get_host_cpu_features()
+    except RuntimeError:
+        return False
+    return HAS_AVX2 and (bool(features.get("avxvnni"))
+                         or (bool(features.get("avx512vnni")) and bool(features.get("avx512vl"))))
+
+
+HAS_VNNI = _host_has_vnni()
 
 
 class Vec8iType(types.Type):
@@ -197,6 +216,7 @@ vor = _binary(lambda b, x, y: b.or_(x, y))
 add32 = _binary(lambda b, x, y: b.add(x, y))
 sub32 = _binary(lambda b, x, y: b.sub(x, y))
 add16 = _binary(lambda b, x, y: b.bitcast(b.add(b.bitcast(x, V16I16), b.bitcast(y, V16I16)), V8I))
+mul32 = _binary(lambda b, x, y: b.mul(x, y))    # low 32 bits of each lane's product (vpmulld)
 
 
 def _shift(op):
@@ -233,6 +253,40 @@ def _x86(name, ret, arg):
 
 maddubs = _x86("llvm.x86.avx2.pmadd.ub.sw", V16I16, V32I8)  # (u8 a) x (i8 b) -> i16 pairs, saturating
 madd16 = _x86("llvm.x86.avx2.pmadd.wd", V8I, V16I16)        # i16 x i16 -> i32 pairs
+
+
+def _dpbusd_widened(builder, acc, a, b):
+    """acc + the sums of 4 adjacent (u8 a) x (i8 b) products, from 32-bit multiplies: the
+    integers vpdpbusd gives (it wraps in int32 as this does), on any CPU."""
+    v32 = ir.VectorType(I32, 32)
+    prod = builder.mul(builder.zext(builder.bitcast(a, V32I8), v32), builder.sext(builder.bitcast(b, V32I8), v32))
+    total = acc
+    for j in range(4):
+        part = builder.shuffle_vector(prod, ir.Constant(v32, ir.Undefined),
+                                      ir.Constant(V8I, [4 * i + j for i in range(8)]))
+        total = builder.add(total, part)
+    return total
+
+
+def _dpbusd(native: bool):
+    def typer(typingctx, acc, a, b):
+        if not (acc == a == b == vec8i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            if not native:
+                return _dpbusd_widened(builder, *args)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V8I, [V8I, V8I, V8I]),
+                                                "llvm.x86.avx512.vpdpbusd.256")
+            return builder.call(fn, list(args))
+
+        return vec8i(acc, a, b), codegen
+
+    return intrinsic(typer)
+
+
+dpbusd = _dpbusd(HAS_VNNI)              # acc + 4-byte dot products per i32 lane: vpdpbusd where the CPU has it
+dpbusd_widened = _dpbusd(False)        # the same integers without VNNI (tests compare the two)
 
 
 @intrinsic

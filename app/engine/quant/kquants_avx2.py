@@ -41,8 +41,8 @@ from numba import njit, prange
 from ..cpu.numa import placed_empty
 from ..ops.f16 import decode_f16
 from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
-from ..ops.simd_int import (add16, add32, bcast32, hsum32, load256, load_f16, load_f16x8, madd16, maddubs,
-                            prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8, to_f32,
+from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, load256, load_f16, load_f16x8, madd16, maddubs,
+                            mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8, to_f32,
                             vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
@@ -144,11 +144,21 @@ def q8_k_acts(x):
 # ---- Q4_K kernel ------------------------------------------------------------------------------
 
 @njit(nogil=True, cache=True, inline="always")
-def _byte_in_halves(v, j):
-    """Byte j of each 32-bit lane of v, in both 16-bit halves of the lane (a sub-block's
-    scale for vpmaddwd)."""
+def _scale_lanes(v, j, vnni):
+    """Byte j of each 32-bit lane of v (a sub-block's scale per row): in both 16-bit halves
+    of the lane for vpmaddwd with 16-bit sums, as the lane itself for vnni's 32-bit sums."""
     t = vand(srl32(v, 8 * j), splat32(0xFF))
+    if vnni:
+        return t
     return vor(t, sll32(t, 16))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _scales8(s_lo, s_hi, vnni):
+    """The 8 sub-blocks' scales of a super-block (_scale_lanes) from its two scale words."""
+    return (_scale_lanes(s_lo, 0, vnni), _scale_lanes(s_lo, 1, vnni), _scale_lanes(s_lo, 2, vnni),
+            _scale_lanes(s_lo, 3, vnni), _scale_lanes(s_hi, 0, vnni), _scale_lanes(s_hi, 1, vnni),
+            _scale_lanes(s_hi, 2, vnni), _scale_lanes(s_hi, 3, vnni))
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -177,9 +187,20 @@ Q4K_TILE_BYTES = 256 << 10   # Q8_K activations one pass of a chunk's groups reu
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _q4k_chunk4(x8, qbase, xq, xa, step):
+def _madd_bytes(acc, w, x, vnni):
+    """acc + the products of weight bytes w and activation bytes x: int32 sums of 4 (vpdpbusd)
+    with vnni, else int16 sums of 2 added to int16 lanes (vpmaddubsw, vpaddw)."""
+    if vnni:
+        return dpbusd(acc, w, x)
+    return add16(acc, maddubs(w, x))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q4k_chunk4(x8, qbase, xq, xa, step, vnni):
     """_q4k_chunk for four tokens (activations from xa, xa + step, ...) sharing each weight
-    vector, as ggml_gemm_q4_K_8x8_q8_K multiplies its fours of tokens."""
+    vector, as ggml_gemm_q4_K_8x8_q8_K multiplies its fours of tokens. With vnni, each row's
+    sum over a sub-block is one int32 lane (vpdpbusd: no 16-bit partial sums to add), for
+    _q4k_sums_vnni: the same integers, so the same floats."""
     m4 = splat32(0x0F0F0F0F)
     lo0 = zero8i()
     hi0 = zero8i()
@@ -196,27 +217,32 @@ def _q4k_chunk4(x8, qbase, xq, xa, step):
         w = load256(x8, qbase + 32 * k)
         wl = vand(w, m4)
         wh = vand(srl32(w, 4), m4)
-        lo0 = add16(lo0, maddubs(wl, bcast32(xq, xa + 4 * k)))
-        hi0 = add16(hi0, maddubs(wh, bcast32(xq, xa + 32 + 4 * k)))
-        lo1 = add16(lo1, maddubs(wl, bcast32(xq, xb + 4 * k)))
-        hi1 = add16(hi1, maddubs(wh, bcast32(xq, xb + 32 + 4 * k)))
-        lo2 = add16(lo2, maddubs(wl, bcast32(xq, xc + 4 * k)))
-        hi2 = add16(hi2, maddubs(wh, bcast32(xq, xc + 32 + 4 * k)))
-        lo3 = add16(lo3, maddubs(wl, bcast32(xq, xd + 4 * k)))
-        hi3 = add16(hi3, maddubs(wh, bcast32(xq, xd + 32 + 4 * k)))
+        lo0 = _madd_bytes(lo0, wl, bcast32(xq, xa + 4 * k), vnni)
+        hi0 = _madd_bytes(hi0, wh, bcast32(xq, xa + 32 + 4 * k), vnni)
+        lo1 = _madd_bytes(lo1, wl, bcast32(xq, xb + 4 * k), vnni)
+        hi1 = _madd_bytes(hi1, wh, bcast32(xq, xb + 32 + 4 * k), vnni)
+        lo2 = _madd_bytes(lo2, wl, bcast32(xq, xc + 4 * k), vnni)
+        hi2 = _madd_bytes(hi2, wh, bcast32(xq, xc + 32 + 4 * k), vnni)
+        lo3 = _madd_bytes(lo3, wl, bcast32(xq, xd + 4 * k), vnni)
+        hi3 = _madd_bytes(hi3, wh, bcast32(xq, xd + 32 + 4 * k), vnni)
     return lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _q4k_sums(lo, hi, s_lo, s_hi, mins, bs_pairs, p, dw, dm, dx, a, am):
-    """One chunk's integer sums of one token into its float chains (acc a, mins am)."""
-    a = fma8(to_f32(add32(madd16(lo, s_lo), madd16(hi, s_hi))), mul8(dw, dx), a)
+def _q4k_sums(lo, hi, s_lo, s_hi, mins, bs_pairs, p, dw, dm, dx, a, am, vnni):
+    """One chunk's integer sums of one token into its float chains (acc a, mins am); the
+    sub-blocks' sums times their scales (_scale_lanes) by vpmaddwd, or vpmulld with vnni."""
+    if vnni:
+        i = add32(mul32(lo, s_lo), mul32(hi, s_hi))
+    else:
+        i = add32(madd16(lo, s_lo), madd16(hi, s_hi))
+    a = fma8(to_f32(i), mul8(dw, dx), a)
     am = fma8(to_f32(madd16(mins, bcast32(bs_pairs, p))), mul8(dm, dx), am)
     return a, am
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm):
+def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni):
     """Every token against the 8 rows of group g: acc / accm (n_tok * 8,) float32 get the
     float chains of llama.cpp's repacked Q4_K product. ggml (repack.cpp forward_mul_mat_one_chunk)
     multiplies a batch's tokens in fours with ggml_gemm_q4_K_8x8_q8_K, which adds each 64-element
@@ -241,9 +267,8 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm):
         n_hi = vor(vand(srl32(u2, 4), m4), sll32(vand(srl32(u1, 6), m2), 4))
         mins = (_bytes_as_halves(n_lo, 0), _bytes_as_halves(n_lo, 1),
                 _bytes_as_halves(n_hi, 0), _bytes_as_halves(n_hi, 1))
-        sc = (_byte_in_halves(s_lo, 0), _byte_in_halves(s_lo, 1), _byte_in_halves(s_lo, 2),
-              _byte_in_halves(s_lo, 3), _byte_in_halves(s_hi, 0), _byte_in_halves(s_hi, 1),
-              _byte_in_halves(s_hi, 2), _byte_in_halves(s_hi, 3))
+        sc = _scales8(s_lo, s_hi, False)     # for gemv's 16-bit sums
+        scg = _scales8(s_lo, s_hi, vnni)     # for gemm's
         # ggml_gemm_q4_K_8x8_q8_K, four tokens at a time (they share each unpacked weight
         # vector): one fma per 64-element chunk
         for t in range(t0, min(t1, n_gemm), 4):
@@ -262,13 +287,13 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm):
             a3 = load8(acc, 8 * (t - t0) + 24)
             am3 = load8(accm, 8 * (t - t0) + 24)
             for c in range(4):
-                lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = _q4k_chunk4(x8, base + 128 + 256 * c, xq, xa + 64 * c, n_in)
-                s_lo = sc[2 * c]
-                s_hi = sc[2 * c + 1]
-                a0, am0 = _q4k_sums(lo0, hi0, s_lo, s_hi, mins[c], bs_pairs, pa + c, dw, dm, d0, a0, am0)
-                a1, am1 = _q4k_sums(lo1, hi1, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 4 + c, dw, dm, d1, a1, am1)
-                a2, am2 = _q4k_sums(lo2, hi2, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 8 + c, dw, dm, d2, a2, am2)
-                a3, am3 = _q4k_sums(lo3, hi3, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 12 + c, dw, dm, d3, a3, am3)
+                lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = _q4k_chunk4(x8, base + 128 + 256 * c, xq, xa + 64 * c, n_in, vnni)
+                s_lo = scg[2 * c]
+                s_hi = scg[2 * c + 1]
+                a0, am0 = _q4k_sums(lo0, hi0, s_lo, s_hi, mins[c], bs_pairs, pa + c, dw, dm, d0, a0, am0, vnni)
+                a1, am1 = _q4k_sums(lo1, hi1, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 4 + c, dw, dm, d1, a1, am1, vnni)
+                a2, am2 = _q4k_sums(lo2, hi2, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 8 + c, dw, dm, d2, a2, am2, vnni)
+                a3, am3 = _q4k_sums(lo3, hi3, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 12 + c, dw, dm, d3, a3, am3, vnni)
             store8(a0, acc, 8 * (t - t0))
             store8(am0, accm, 8 * (t - t0))
             store8(a1, acc, 8 * (t - t0) + 8)
@@ -293,8 +318,9 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmul_q4_k_x8(x8, n_out, n_chunks, x, out):
-    """Q4_K weights (repack_q4_k_x8) x Q8_K activations.
+def matmul_q4_k_x8(x8, n_out, vnni, n_chunks, x, out):
+    """Q4_K weights (repack_q4_k_x8) x Q8_K activations; vnni: fours of tokens through
+    vpdpbusd (the same integers, faster where HAS_VNNI).
 
     x8        # (groups * nsb * 1152,) uint8
     n_chunks  # runs of groups, one per thread
@@ -319,7 +345,7 @@ def matmul_q4_k_x8(x8, n_out, n_chunks, x, out):
             for g in range(g0, g1):
                 acc[:] = 0
                 accm[:] = 0
-                _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm)
+                _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni)
                 w = min(ROWS_X8, n_out - g * ROWS_X8)
                 for t in range(t0, t1):
                     store8(sub8(load8(acc, 8 * (t - t0)), load8(accm, 8 * (t - t0))), row, 0)
