@@ -345,6 +345,27 @@ def hsum32(typingctx, a):
 
 
 @intrinsic
+def hsum32x8(typingctx, v0, v1, v2, v3, v4, v5, v6, v7):
+    """Lane j = the sum of the 8 int32 lanes of vj (wrapping, as hsum32: the same int32), by
+    a transposing tree of shuffles and adds: 7 adds for 8 sums instead of 7 per sum."""
+    if not all(v == vec8i for v in (v0, v1, v2, v3, v4, v5, v6, v7)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        def fold(a, b, left, right):
+            return builder.add(builder.shuffle_vector(a, b, ir.Constant(V8I, left)),
+                               builder.shuffle_vector(a, b, ir.Constant(V8I, right)))
+        # pairs of lanes, then fours, then eights; each level interleaves two vectors' sums
+        p = [fold(args[2 * i], args[2 * i + 1], [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15])
+             for i in range(4)]
+        q = [fold(p[2 * i], p[2 * i + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+             for i in range(2)]
+        return fold(q[0], q[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+
+    return vec8i(v0, v1, v2, v3, v4, v5, v6, v7), codegen
+
+
+@intrinsic
 def prefetch(typingctx, arr, i):
     """Ask for the cache line holding arr[i] ahead of its use (prefetcht0); no effect on
     results, and no fault if i lies past the end."""

@@ -41,9 +41,9 @@ from numba import njit, prange
 from ..cpu.numa import placed_empty
 from ..ops.f16 import decode_f16
 from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
-from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, load256, load_f16, load_f16x8, madd16, maddubs,
-                            mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8, to_f32,
-                            vand, vor, zero8i)
+from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, load256, load_f16, load_f16x8, madd16,
+                            maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8,
+                            to_f32, vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
 from .layout import chunk_groups, n_chunks_for
@@ -445,17 +445,35 @@ Q6K_TOKEN_TILE = 32   # tokens whose Q8_K activations (32 x n_in bytes) one pass
 
 
 @njit(nogil=True, cache=True)
-def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, bs16, t0, t1, acc):
+def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, dk_t, bs16, t0, t1, acc):
     """One row times tokens t0..t1 in the order of llama.cpp's tiled K-quant matmul
     (tiled/tiled-kernel.cpp, which ggml takes for batches of TILED_MIN_BATCH tokens or more):
     per block the exact sum s of its products, then acc = fma(d_w * float(s), d_x, acc). Each
-    block is unpacked once for all these tokens. acc (>= t1 - t0,) float32, zeroed."""
+    block is unpacked once for all these tokens; eights of tokens add their lanes in one
+    transposing tree (hsum32x8: the same int32 as hsum32) and take their float steps as
+    vectors, the same ops per token. acc (>= t1 - t0,) float32, zeroed; dk_t (nsb * n_tok,)
+    float32: dk transposed."""
+    n_tok = dk.shape[0]
     for i in range(nsb):
         blk = blk0 + i * Q6K_BYTES
         dw = load_f16(raw, blk + 208)
         w0, s0 = _q6_unpack(raw, blk, 0)
         w1, s1 = _q6_unpack(raw, blk, 1)
-        for t in range(t0, t1):
+        t8 = t0 + (t1 - t0) // 8 * 8
+        for t in range(t0, t8, 8):
+            xb = t * n_in + i * QK_K
+            pb = (t * nsb + i) * 16
+            sums = hsum32x8(_q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb, bs16, pb),
+                            _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb + n_in, bs16, pb + nsb * 16),
+                            _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb + 2 * n_in, bs16, pb + nsb * 32),
+                            _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb + 3 * n_in, bs16, pb + nsb * 48),
+                            _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb + 4 * n_in, bs16, pb + nsb * 64),
+                            _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb + 5 * n_in, bs16, pb + nsb * 80),
+                            _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb + 6 * n_in, bs16, pb + nsb * 96),
+                            _q6_lanes(raw, blk, w0, s0, w1, s1, xq, xb + 7 * n_in, bs16, pb + nsb * 112))
+            a = fma8(mul8(splat8(dw), to_f32(sums)), load8(dk_t, i * n_tok + t), load8(acc, t - t0))
+            store8(a, acc, t - t0)
+        for t in range(t8, t1):
             lanes = _q6_lanes(raw, blk, w0, s0, w1, s1, xq, t * n_in + i * QK_K, bs16, (t * nsb + i) * 16)
             acc[t - t0] = fma(dw * np.float32(hsum32(lanes)), dk[t, i], acc[t - t0])
 
@@ -473,6 +491,7 @@ def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
     nsb = n_in // QK_K
     xq, dk, bs_pairs, bs16 = q8_k_acts(x)
     tiled = n_tok >= TILED_MIN_BATCH
+    dk_t = np.ascontiguousarray(dk.T).reshape(-1)    # (nsb * n_tok,) float32: a block's scales of every token
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)
         if tiled:
@@ -483,7 +502,7 @@ def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
                 t1 = min(n_tok, t0 + Q6K_TOKEN_TILE)
                 for r in range(r0, r1):
                     acc[:] = 0
-                    _q6_row_tokens(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, dk, bs16, t0, t1, acc)
+                    _q6_row_tokens(raw, r * nsb * Q6K_BYTES, nsb, n_in, xq, dk, dk_t, bs16, t0, t1, acc)
                     for t in range(t0, t1):
                         out[t, r] = acc[t - t0]
         else:
