@@ -498,24 +498,78 @@ def test_vnni_byte_products_are_the_integers_of_the_widened_form():
         np.testing.assert_array_equal(widened, expected)
 
 
-@pytest.mark.parametrize("n_tok, n_in", [(4, 512), (7, 512), (42, 8960)])
-def test_q4_k_batches_through_vnni_equal_the_avx2_kernel(n_tok, n_in):
-    """With vnni, Q4_K's fours of tokens sum each sub-block in int32 lanes (vpdpbusd) and
-    scale them with vpmulld instead of vpmaddubsw's int16 pairs and vpmaddwd: the same
-    integers, so every output is the same float, in fours, in the n % 4 rest and across the
-    token tiles of a wide input. QMatrix takes it where the CPU has VNNI."""
-    from app.engine.ops.simd_int import HAS_AVX2, HAS_VNNI
+def _extreme_q4_k(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K rows of nibbles 15 with scales and mins 63, and activations that Q8_K makes all
+    -127 (token 0) or all 127 but one (token 1): the largest sub-block sums, |S| = 60,960,
+    and chunk integers near 7.7 M, at the edge of what the AMX path forms in float32."""
+    raw = make_raw(Q.Q4_K, n_out, n_in).reshape(n_out, n_in // 256, 144)
+    raw[:, :, 4:] = 0xFF                                  # 12 scale bytes, then 128 bytes of nibbles
+    x = np.ones((6, n_in), F32)
+    x[1] = 1.0
+    x[1, ::256] = -1.0                                    # first of the largest |x|, negative: q = +127
+    x[2:] = make_acts(4, n_in, seed=9)
+    return raw.reshape(n_out, -1), x
+
+
+@pytest.mark.parametrize("n_tok, n_in", [(4, 512), (7, 512), (37, 512), (42, 8960), (-1, 512)])
+@pytest.mark.parametrize("mode", ["vnni", "amx"])
+def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mode):
+    """Q4_K's fours of tokens with vnni sum each sub-block in int32 lanes (vpdpbusd) and scale
+    them with vpmulld instead of vpmaddubsw's int16 pairs and vpmaddwd; with amx, batches of
+    16 tokens or more take 16 tokens by 8 rows per tdpbusd (activations offset by +128) and
+    form each chunk's integer in float32: the same integers, so every output is the same
+    float, in fours, in tiles of 16 and their partial last one, in the n % 4 rest, across the
+    token tiles of a wide input and at the largest sums (n_tok -1: _extreme_q4_k). QMatrix
+    takes them where the CPU has them."""
+    from app.engine.ops.amx import HAS_AMX
+    from app.engine.ops.simd_int import HAS_AVX2
     from app.engine.quant import kquants_avx2
-    if not HAS_AVX2:
-        pytest.skip("the AVX2 kernels only")
-    m = QMatrix.from_array(make_raw(Q.Q4_K, 40, n_in, seed=n_tok), Q.Q4_K)
-    x = make_acts(n_tok, n_in, seed=n_tok)
-    out = {}
-    for vnni in (False, True):
-        out[vnni] = np.empty((n_tok, 40), F32)
-        kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 40, vnni, 2, x, out[vnni])
-    np.testing.assert_array_equal(out[True], out[False])
-    np.testing.assert_array_equal(m.matmul(x), out[HAS_VNNI])
+    if not HAS_AVX2 or (mode == "amx" and not HAS_AMX):
+        pytest.skip(f"the AVX2 kernels only, {mode} where the CPU has it")
+    if n_tok < 0:
+        raw, x = _extreme_q4_k(40, n_in)
+        x = np.concatenate([x] * 4)                       # 24 tokens: one AMX tile and a part
+        n_tok = x.shape[0]
+    else:
+        raw, x = make_raw(Q.Q4_K, 40, n_in, seed=n_tok), make_acts(n_tok, n_in, seed=n_tok)
+    m = QMatrix.from_array(raw, Q.Q4_K)
+    avx2 = np.empty((n_tok, 40), F32)
+    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 40, False, False, 2, x, avx2)
+    got = np.empty((n_tok, 40), F32)
+    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 40, True, mode == "amx", 2, x, got)
+    np.testing.assert_array_equal(got, avx2)
+    np.testing.assert_array_equal(m.matmul(x), avx2)
+
+
+def test_amx_tile_product_is_the_integer_matrix_product():
+    """tile_dpbusd: C (16 x 16 int32) += A (16 x 32 unsigned bytes) . B (32 x 16 signed bytes,
+    packed 4 rows to a row of 64 bytes), exactly, at the extremes of both byte ranges."""
+    from numba import njit
+
+    from app.engine.ops.amx import (HAS_AMX, tile_config, tile_dpbusd, tile_load, tile_release, tile_shapes,
+                                    tile_store, tile_zero)
+    if not HAS_AMX:
+        pytest.skip("AMX only")
+
+    @njit
+    def product(cfg, a, b, c):
+        tile_config(cfg)
+        tile_zero(0)
+        tile_load(1, a, 0, 32)
+        tile_load(2, b, 0, 64)
+        tile_dpbusd(0, 1, 2)
+        tile_store(0, c, 0, 64)
+        tile_release()
+
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, (16, 32)).astype(np.uint8)
+    b = rng.integers(-128, 128, (32, 16)).astype(np.int8)
+    a[0], b[:, 0] = 255, -128
+    packed = b.reshape(8, 4, 16).transpose(0, 2, 1).reshape(8, 64).copy()
+    c = np.zeros((16, 16), np.int32)
+    product(tile_shapes(np.array([[16, 64], [16, 32], [8, 64]], np.int64)), a.reshape(-1), packed.reshape(-1),
+            c.reshape(-1))
+    np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32))
 
 
 def test_real_shapes_of_smollm2():

@@ -115,6 +115,20 @@ def load256(typingctx, arr, i):
 
 
 @intrinsic
+def store256(typingctx, v, arr, i):
+    """The 32 bytes of v into a flat byte or int32 array from element i (vmovdqu)."""
+    if not (v == vec8i and _flat(arr, _BYTES + _WORDS) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[1], args[1], [args[2]])
+        builder.store(args[0], builder.bitcast(ptr, V8I.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.none(v, arr, i), codegen
+
+
+@intrinsic
 def bcast32(typingctx, arr, i):
     """The 4 bytes at byte i of a flat uint8/int8 array, or element i of an int32/uint32
     array, in all 8 lanes (vpbroadcastd)."""

@@ -39,13 +39,15 @@ import numpy as np
 from numba import njit, prange
 
 from ..cpu.numa import placed_empty
+from ..ops.amx import tile_config, tile_release, tile_shapes
 from ..ops.f16 import decode_f16
 from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
 from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, load256, load_f16, load_f16x8, madd16,
-                            maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8,
-                            to_f32, vand, vor, zero8i)
+                            maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, store256, sub32,
+                            sub8, to_f32, vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
+from .kquants_amx import AMX_SHAPES, AMX_TOKENS, q4k_gemm_amx, unsigned_acts
 from .layout import chunk_groups, n_chunks_for
 
 QK_K = 256
@@ -242,12 +244,51 @@ def _q4k_sums(lo, hi, s_lo, s_hi, mins, bs_pairs, p, dw, dm, dx, a, am, vnni):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni):
+def _q4k_gemm_fours(x8, base, b, nsb, n_in, xq, dk, bs_pairs, t0, t_end, scg, mins, dw, dm, acc, accm, vnni):
+    """Super-block b of a group (from byte base) against tokens t0..t_end, four at a time
+    (they share each unpacked weight vector), as ggml_gemm_q4_K_8x8_q8_K."""
+    for t in range(t0, t_end, 4):
+        xa = t * n_in + b * QK_K
+        pa = (t * nsb + b) * 4
+        d0 = splat8(dk[t, b])
+        d1 = splat8(dk[t + 1, b])
+        d2 = splat8(dk[t + 2, b])
+        d3 = splat8(dk[t + 3, b])
+        a0 = load8(acc, 8 * (t - t0))
+        am0 = load8(accm, 8 * (t - t0))
+        a1 = load8(acc, 8 * (t - t0) + 8)
+        am1 = load8(accm, 8 * (t - t0) + 8)
+        a2 = load8(acc, 8 * (t - t0) + 16)
+        am2 = load8(accm, 8 * (t - t0) + 16)
+        a3 = load8(acc, 8 * (t - t0) + 24)
+        am3 = load8(accm, 8 * (t - t0) + 24)
+        for c in range(4):
+            lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = _q4k_chunk4(x8, base + 128 + 256 * c, xq, xa + 64 * c, n_in, vnni)
+            s_lo = scg[2 * c]
+            s_hi = scg[2 * c + 1]
+            a0, am0 = _q4k_sums(lo0, hi0, s_lo, s_hi, mins[c], bs_pairs, pa + c, dw, dm, d0, a0, am0, vnni)
+            a1, am1 = _q4k_sums(lo1, hi1, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 4 + c, dw, dm, d1, a1, am1, vnni)
+            a2, am2 = _q4k_sums(lo2, hi2, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 8 + c, dw, dm, d2, a2, am2, vnni)
+            a3, am3 = _q4k_sums(lo3, hi3, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 12 + c, dw, dm, d3, a3, am3, vnni)
+        store8(a0, acc, 8 * (t - t0))
+        store8(am0, accm, 8 * (t - t0))
+        store8(a1, acc, 8 * (t - t0) + 8)
+        store8(am1, accm, 8 * (t - t0) + 8)
+        store8(a2, acc, 8 * (t - t0) + 16)
+        store8(am2, accm, 8 * (t - t0) + 16)
+        store8(a3, acc, 8 * (t - t0) + 24)
+        store8(am3, accm, 8 * (t - t0) + 24)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni, amx, xu, bufs):
     """Every token against the 8 rows of group g: acc / accm (n_tok * 8,) float32 get the
     float chains of llama.cpp's repacked Q4_K product. ggml (repack.cpp forward_mul_mat_one_chunk)
     multiplies a batch's tokens in fours with ggml_gemm_q4_K_8x8_q8_K, which adds each 64-element
     chunk's integer into the float sums, and the last n % 4 tokens (every token of a batch of
-    3 or fewer) with ggml_gemv_q4_K_8x8_q8_K, which adds once per super-block."""
+    3 or fewer) with ggml_gemv_q4_K_8x8_q8_K, which adds once per super-block. The fours'
+    integers come from vpmaddubsw, vpdpbusd (vnni) or AMX tiles (amx: kquants_amx.q4k_gemm_amx, with xu
+    and bufs); the same integers in every case, so the same floats."""
     m6 = splat32(0x3F3F3F3F)
     m4 = splat32(0x0F0F0F0F)
     m2 = splat32(0x03030303)
@@ -268,40 +309,14 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vn
         mins = (_bytes_as_halves(n_lo, 0), _bytes_as_halves(n_lo, 1),
                 _bytes_as_halves(n_hi, 0), _bytes_as_halves(n_hi, 1))
         sc = _scales8(s_lo, s_hi, False)     # for gemv's 16-bit sums
-        scg = _scales8(s_lo, s_hi, vnni)     # for gemm's
-        # ggml_gemm_q4_K_8x8_q8_K, four tokens at a time (they share each unpacked weight
-        # vector): one fma per 64-element chunk
-        for t in range(t0, min(t1, n_gemm), 4):
-            xa = t * n_in + b * QK_K
-            pa = (t * nsb + b) * 4
-            d0 = splat8(dk[t, b])
-            d1 = splat8(dk[t + 1, b])
-            d2 = splat8(dk[t + 2, b])
-            d3 = splat8(dk[t + 3, b])
-            a0 = load8(acc, 8 * (t - t0))
-            am0 = load8(accm, 8 * (t - t0))
-            a1 = load8(acc, 8 * (t - t0) + 8)
-            am1 = load8(accm, 8 * (t - t0) + 8)
-            a2 = load8(acc, 8 * (t - t0) + 16)
-            am2 = load8(accm, 8 * (t - t0) + 16)
-            a3 = load8(acc, 8 * (t - t0) + 24)
-            am3 = load8(accm, 8 * (t - t0) + 24)
-            for c in range(4):
-                lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3 = _q4k_chunk4(x8, base + 128 + 256 * c, xq, xa + 64 * c, n_in, vnni)
-                s_lo = scg[2 * c]
-                s_hi = scg[2 * c + 1]
-                a0, am0 = _q4k_sums(lo0, hi0, s_lo, s_hi, mins[c], bs_pairs, pa + c, dw, dm, d0, a0, am0, vnni)
-                a1, am1 = _q4k_sums(lo1, hi1, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 4 + c, dw, dm, d1, a1, am1, vnni)
-                a2, am2 = _q4k_sums(lo2, hi2, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 8 + c, dw, dm, d2, a2, am2, vnni)
-                a3, am3 = _q4k_sums(lo3, hi3, s_lo, s_hi, mins[c], bs_pairs, pa + nsb * 12 + c, dw, dm, d3, a3, am3, vnni)
-            store8(a0, acc, 8 * (t - t0))
-            store8(am0, accm, 8 * (t - t0))
-            store8(a1, acc, 8 * (t - t0) + 8)
-            store8(am1, accm, 8 * (t - t0) + 8)
-            store8(a2, acc, 8 * (t - t0) + 16)
-            store8(am2, accm, 8 * (t - t0) + 16)
-            store8(a3, acc, 8 * (t - t0) + 24)
-            store8(am3, accm, 8 * (t - t0) + 24)
+        scg = _scales8(s_lo, s_hi, vnni or amx)     # for gemm's
+        # ggml_gemm_q4_K_8x8_q8_K for the fours of tokens: one fma per 64-element chunk
+        if amx:
+            q4k_gemm_amx(x8, base, b, nsb, n_in, xu, dk, bs_pairs, t0, min(t1, n_gemm), scg, mins, dw, dm,
+                          acc, accm, bufs)
+        else:
+            _q4k_gemm_fours(x8, base, b, nsb, n_in, xq, dk, bs_pairs, t0, min(t1, n_gemm), scg, mins, dw, dm,
+                            acc, accm, vnni)
         # ggml_gemv_q4_K_8x8_q8_K for the rest: one fma per super-block
         for t in range(max(t0, n_gemm), t1):
             xbase = t * n_in + b * QK_K
@@ -318,9 +333,10 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vn
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmul_q4_k_x8(x8, n_out, vnni, n_chunks, x, out):
-    """Q4_K weights (repack_q4_k_x8) x Q8_K activations; vnni: fours of tokens through
-    vpdpbusd (the same integers, faster where HAS_VNNI).
+def matmul_q4_k_x8(x8, n_out, vnni, amx, n_chunks, x, out):
+    """Q4_K weights (repack_q4_k_x8) x Q8_K activations; fours of tokens through vpdpbusd
+    with vnni, batches of 16 tokens or more on AMX tiles with amx (the same integers, faster
+    where HAS_VNNI, HAS_AMX).
 
     x8        # (groups * nsb * 1152,) uint8
     n_chunks  # runs of groups, one per thread
@@ -332,25 +348,34 @@ def matmul_q4_k_x8(x8, n_out, vnni, n_chunks, x, out):
     xq, dk, bs_pairs, bs16 = q8_k_acts(x)
     n_groups = (n_out + ROWS_X8 - 1) // ROWS_X8
     n_gemm = n_tok - n_tok % 4
+    amx = amx and n_gemm >= AMX_TOKENS
     # Tokens in tiles whose activations (tile x n_in bytes) stay in L2 while the chunk's
-    # groups pass over them; a multiple of 4, so fours of tokens stay fours.
-    tile = max(4, min(n_tok, Q4K_TILE_BYTES // n_in) // 4 * 4)
+    # groups pass over them; a multiple of 4, so fours of tokens stay fours (of 16 for AMX).
+    step = AMX_TOKENS if amx else 4
+    tile = max(step, min(n_tok, Q4K_TILE_BYTES // n_in) // step * step)
+    xu = unsigned_acts(xq, n_tok, n_in, amx)
+    cfg = tile_shapes(AMX_SHAPES)
     for c in prange(n_chunks):
         acc = np.empty(tile * 8, np.float32)       # (tile, 8) float32
         accm = np.empty(tile * 8, np.float32)      # (tile, 8) float32
         row = np.empty(8, np.float32)              # (8,) float32
+        bufs = (np.empty(2048, np.uint8), np.empty(1024, np.int32))
+        if amx:
+            tile_config(cfg)
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
         for t0 in range(0, n_tok, tile):
             t1 = min(n_tok, t0 + tile)
             for g in range(g0, g1):
                 acc[:] = 0
                 accm[:] = 0
-                _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni)
+                _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni, amx, xu, bufs)
                 w = min(ROWS_X8, n_out - g * ROWS_X8)
                 for t in range(t0, t1):
                     store8(sub8(load8(acc, 8 * (t - t0)), load8(accm, 8 * (t - t0))), row, 0)
                     for i in range(w):
                         out[t, g * ROWS_X8 + i] = row[i]
+        if amx:
+            tile_release()
 
 
 @njit(nogil=True, cache=True)

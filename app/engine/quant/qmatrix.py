@@ -41,6 +41,7 @@ from gguf.gguf_reader import ReaderTensor
 from ..ops.f16 import f16_plane_is_plain
 from . import floats, iquants, kquants, kquants_avx2, kquants_low, legacy
 from ..model.support import WEIGHT_TYPES
+from ..ops.amx import HAS_AMX
 from ..ops.simd_int import HAS_AVX2, HAS_VNNI
 from .layout import GROUP, num_threads
 
@@ -110,7 +111,7 @@ class QMatrix:
         if qt in _AVX2_K:
             if qt == Q.Q4_K:
                 return (kquants_avx2.rows_q4_k_x8, (p["x8"], n_out), kquants_avx2.matmul_q4_k_x8,
-                        (p["x8"], n_out, HAS_VNNI))
+                        (p["x8"], n_out, HAS_VNNI, HAS_AMX))
             return (kquants_avx2.rows_q6_k_rows, (p["raw"], n_out),
                     kquants_avx2.matmul_q6_k_rows, (p["raw"], n_out))
         if qt in _NIBBLE_KIND:

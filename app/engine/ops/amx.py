@@ -1,0 +1,156 @@
+"""Intel AMX tiles for the engine's numba kernels: int8 matrix products of 16 x 32-byte tiles
+in one instruction (Sapphire Rapids and later), through LLVM's AMX intrinsics.
+
+An AMX unit multiplies an A tile (up to 16 rows of 64 unsigned bytes) by a B tile (rows of 4
+signed bytes per output column, "VNNI-packed") into a C tile of int32 sums, exactly: the same
+integers as any other order of the byte products. The tiles are eight registers (tmm0-7)
+whose shapes a 64-byte configuration sets (``tile_config``; Intel SDM vol. 1 ch. 3.4, "Intel
+AMX"). Linux gives a process the tile state only when it asks (arch_prctl
+ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, kernel Documentation/arch/x86/xstate.rst):
+``HAS_AMX`` is true only when the CPU has AMX-INT8 and that request succeeded.
+
+The tile numbers are compile-time constants. Where the CPU has no AMX the intrinsics still
+compile, to a trap: kernels take their AMX branch only when ``HAS_AMX``, so it never runs.
+"""
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .simd import elem_ptr
+
+_ARCH_PRCTL = 158              # x86-64 syscall number
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+I8, I64 = ir.IntType(8), ir.IntType(64)
+_VOID = ir.VoidType()
+_P8 = I8.as_pointer()
+
+
+def _host_has_amx() -> bool:
+    try:
+        features = llvm.get_host_cpu_features()
+    except RuntimeError:
+        return False
+    if not (features.get("amx-tile") and features.get("amx-int8")) or platform.system() != "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+HAS_AMX = _host_has_amx()
+
+
+def _trap(builder):
+    builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VOID, []), "llvm.trap"), [])
+
+
+def _call(builder, name, arg_types, args):
+    if not HAS_AMX:          # compiled, never run (see the module's docstring)
+        _trap(builder)
+        return
+    builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VOID, arg_types), name), args)
+
+
+def _byte_ptr(context, builder, arrty, arr, i):
+    return builder.bitcast(elem_ptr(context, builder, arrty, arr, [i]), _P8)
+
+
+def _literal(*ts) -> bool:
+    return all(isinstance(t, types.IntegerLiteral) for t in ts)
+
+
+@intrinsic
+def tile_config(typingctx, cfg):
+    """Load the tile shapes of a 64-byte configuration (uint8 array, ``tile_shapes``) into
+    this thread (ldtilecfg)."""
+    if not (isinstance(cfg, types.Array) and cfg.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.ldtilecfg", [_P8], [_byte_ptr(context, builder, sig.args[0], args[0], ir.Constant(I64, 0))])
+        return context.get_dummy_value()
+
+    return types.none(cfg), codegen
+
+
+@intrinsic
+def tile_release(typingctx):
+    """Give the tile state back (tilerelease): after a thread's last tile instruction."""
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.tilerelease", [], [])
+        return context.get_dummy_value()
+
+    return types.none(), codegen
+
+
+def _memory_op(name):
+    def typer(typingctx, t, arr, i, stride):
+        if not (_literal(t) and isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 1
+                and isinstance(i, types.Integer) and isinstance(stride, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            stride64 = context.cast(builder, args[3], sig.args[3], types.int64)
+            _call(builder, name, [I8, _P8, I64],
+                  [ir.Constant(I8, t.literal_value), _byte_ptr(context, builder, sig.args[1], args[1], args[2]), stride64])
+            return context.get_dummy_value()
+
+        return types.none(t, arr, i, stride), codegen
+
+    return intrinsic(typer)
+
+
+# tile t <-> the rows of a flat array from element i, one row every `stride` bytes
+tile_load = _memory_op("llvm.x86.tileloadd64")
+tile_store = _memory_op("llvm.x86.tilestored64")
+
+
+@intrinsic
+def tile_zero(typingctx, t):
+    """Tile t = 0 (tilezero)."""
+    if not _literal(t):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.tilezero", [I8], [ir.Constant(I8, t.literal_value)])
+        return context.get_dummy_value()
+
+    return types.none(t), codegen
+
+
+@intrinsic
+def tile_dpbusd(typingctx, c, a, b):
+    """Tile c += tile a (unsigned bytes) x tile b (signed bytes, 4 per column and row), in
+    int32 (tdpbusd: each C[m, n] gains sum_k A[m, 4k + j] * B[k, 4n + j])."""
+    if not _literal(c, a, b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        _call(builder, "llvm.x86.tdpbusd", [I8, I8, I8], [ir.Constant(I8, t.literal_value) for t in sig.args])
+        return context.get_dummy_value()
+
+    return types.none(c, a, b), codegen
+
+
+@njit(cache=True, nogil=True)
+def tile_shapes(shapes):
+    """The 64-byte configuration (palette 1) giving tile t `shapes[t, 0]` rows of
+    `shapes[t, 1]` bytes. shapes (n_tiles, 2) int64 -> (64,) uint8."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    for t in range(shapes.shape[0]):
+        cfg[16 + 2 * t] = shapes[t, 1] & 0xFF
+        cfg[17 + 2 * t] = shapes[t, 1] >> 8
+        cfg[48 + t] = shapes[t, 0]
+    return cfg
