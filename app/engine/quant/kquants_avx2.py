@@ -201,8 +201,8 @@ def _madd_bytes(acc, w, x, vnni):
 def _q4k_chunk4(x8, qbase, xq, xa, step, vnni):
     """_q4k_chunk for four tokens (activations from xa, xa + step, ...) sharing each weight
     vector, as ggml_gemm_q4_K_8x8_q8_K multiplies its fours of tokens. With vnni, each row's
-    sum over a sub-block is one int32 lane (vpdpbusd: no 16-bit partial sums to add), for
-    _q4k_sums_vnni: the same integers, so the same floats."""
+    sum over a sub-block is one int32 lane (vpdpbusd: no 16-bit partial sums to add), which
+    _q4k_sums scales with vpmulld: the same integers, so the same floats."""
     m4 = splat32(0x0F0F0F0F)
     lo0 = zero8i()
     hi0 = zero8i()
