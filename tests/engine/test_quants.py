@@ -541,6 +541,37 @@ def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mo
     np.testing.assert_array_equal(m.matmul(x), avx2)
 
 
+@pytest.mark.parametrize("n_tok, n_in", [(16, 512), (37, 512), (40, 8960), (-1, 512)])
+def test_q6_k_batches_on_amx_equal_the_avx2_kernel(n_tok, n_in):
+    """With amx, a batch's whole tiles of 16 tokens multiply Q6_K's 6-bit weights (16 rows by
+    a sub-block of 16, the A tile) by the tokens' packed activations in one tdpbusd, the C tile
+    starting at -32 bsum, then scale whole rows of C in int32: the same per-block integers as
+    llama.cpp's tiled kernel, so the same floats; the tokens past the last whole tile take the
+    AVX2 path. n_tok -1: the largest sums (weights 0, i.e. q - 32 = -32, scales -128,
+    activations all -127)."""
+    from app.engine.ops.amx import HAS_AMX
+    from app.engine.ops.simd_int import HAS_AVX2
+    from app.engine.quant import kquants_avx2
+    if not (HAS_AVX2 and HAS_AMX):
+        pytest.skip("AMX only")
+    raw = make_raw(Q.Q6_K, 40, n_in, seed=abs(n_tok))
+    if n_tok < 0:
+        blocks = raw.reshape(40, n_in // 256, 210)
+        blocks[:20, :, :192] = 0                          # ql, qh: every q = 0
+        blocks[:20, :, 192:208] = 0x80                    # every scale -128
+        x = np.concatenate([np.ones((16, n_in), F32), make_acts(8, n_in, seed=2)])
+        n_tok = x.shape[0]
+    else:
+        x = make_acts(n_tok, n_in, seed=n_tok)
+    m = QMatrix.from_array(raw, Q.Q6_K)
+    out = {}
+    for amx in (False, True):
+        out[amx] = np.empty((n_tok, 40), F32)
+        kquants_avx2.matmul_q6_k_rows(m.planes["raw"], 40, amx, 2, x, out[amx])
+    np.testing.assert_array_equal(out[True], out[False])
+    np.testing.assert_array_equal(m.matmul(x), out[False])
+
+
 def test_amx_tile_product_is_the_integer_matrix_product():
     """tile_dpbusd: C (16 x 16 int32) += A (16 x 32 unsigned bytes) . B (32 x 16 signed bytes,
     packed 4 rows to a row of 64 bytes), exactly, at the extremes of both byte ranges."""

@@ -47,14 +47,14 @@ from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, loa
                             sub8, to_f32, vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
-from .kquants_amx import AMX_SHAPES, AMX_TOKENS, q4k_gemm_amx, unsigned_acts
+from .kquants_amx import (AMX_SHAPES, AMX_TOKENS, Q6K_AMX_SHAPES, Q6K_BYTES, q4k_gemm_amx, q6k_pack_acts, q6k_rows_amx,
+                          unsigned_acts)
 from .layout import chunk_groups, n_chunks_for
 
 QK_K = 256
 ROWS_X8 = 8                      # rows of a Q4_K group
 Q4K_BYTES = 144                  # block_q4_K
 Q4K_X8_BYTES = ROWS_X8 * Q4K_BYTES
-Q6K_BYTES = 210                  # block_q6_K
 TILED_MIN_BATCH = 8              # ggml-cpu tiled/tiled.cpp ggml_tiled_min_batch
 PREFETCH_AHEAD = 4 * Q4K_X8_BYTES
 
@@ -504,8 +504,9 @@ def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, dk_t, bs16, t0, t1, acc):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
-    """Q6_K weights (GGUF rows, flat) x Q8_K activations.
+def matmul_q6_k_rows(raw, n_out, amx, n_chunks, x, out):
+    """Q6_K weights (GGUF rows, flat) x Q8_K activations; with amx, batches' whole tiles of 16
+    tokens on AMX tiles (kquants_amx.q6k_rows_amx: the same integers and floats).
 
     raw       # (n_out * nsb * 210,) uint8
     n_chunks  # runs of rows, one per thread
@@ -517,13 +518,27 @@ def matmul_q6_k_rows(raw, n_out, n_chunks, x, out):
     xq, dk, bs_pairs, bs16 = q8_k_acts(x)
     tiled = n_tok >= TILED_MIN_BATCH
     dk_t = np.ascontiguousarray(dk.T).reshape(-1)    # (nsb * n_tok,) float32: a block's scales of every token
+    n_amx = n_tok // AMX_TOKENS * AMX_TOKENS if amx and tiled else 0
+    bact, cstart = q6k_pack_acts(xq, bs16, n_amx, n_in)
+    cfg = tile_shapes(Q6K_AMX_SHAPES)
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)
+        if n_amx:
+            tile_config(cfg)
+            bufs = (np.empty(4096, np.uint8), np.empty(4096, np.int32), np.empty(256, np.int32),
+                    np.empty(16, np.float32), np.empty(16 * n_amx, np.float32))
+            for g in range(r0, r1, 16):
+                n_rows = min(16, r1 - g)
+                q6k_rows_amx(raw, g, n_rows, nsb, bact, cstart, dk_t, n_amx, *bufs)
+                for r in range(n_rows):
+                    for t in range(n_amx):
+                        out[t, g + r] = bufs[4][r * n_amx + t]
+            tile_release()
         if tiled:
             # Tokens in tiles whose activations stay in L2 while the chunk's rows pass over
             # them (a whole batch of an 8960-wide input is 2.3 MB, re-read for every row).
             acc = np.empty(Q6K_TOKEN_TILE, np.float32)   # (tile,) float32
-            for t0 in range(0, n_tok, Q6K_TOKEN_TILE):
+            for t0 in range(n_amx, n_tok, Q6K_TOKEN_TILE):
                 t1 = min(n_tok, t0 + Q6K_TOKEN_TILE)
                 for r in range(r0, r1):
                     acc[:] = 0

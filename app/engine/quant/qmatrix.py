@@ -113,7 +113,7 @@ class QMatrix:
                 return (kquants_avx2.rows_q4_k_x8, (p["x8"], n_out), kquants_avx2.matmul_q4_k_x8,
                         (p["x8"], n_out, HAS_VNNI, HAS_AMX))
             return (kquants_avx2.rows_q6_k_rows, (p["raw"], n_out),
-                    kquants_avx2.matmul_q6_k_rows, (p["raw"], n_out))
+                    kquants_avx2.matmul_q6_k_rows, (p["raw"], n_out, HAS_AMX))
         if qt in _NIBBLE_KIND:
             kind = _NIBBLE_KIND[qt]
             m = p["m"] if kind & 1 else _NO_U16
