@@ -572,6 +572,19 @@ def test_q6_k_batches_on_amx_equal_the_avx2_kernel(n_tok, n_in):
     np.testing.assert_array_equal(m.matmul(x), out[False])
 
 
+def test_batch_activations_quantized_by_all_threads_equal_the_serial_ones():
+    """From PARALLEL_ACTS tokens, q8_k_acts quantizes runs of tokens in parallel: every byte,
+    scale and block sum is the one quantize_acts gives serially (37 tokens: uneven runs)."""
+    from app.engine.quant import kquants_avx2
+    x = make_acts(37, 512, seed=5)
+    assert x.shape[0] >= kquants_avx2.PARALLEL_ACTS
+    got = kquants_avx2.q8_k_acts(x)
+    serial = [np.empty_like(a) for a in got]
+    kquants_avx2.quantize_acts(x, *serial)
+    for a, b in zip(got, serial):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_amx_tile_product_is_the_integer_matrix_product():
     """tile_dpbusd: C (16 x 16 int32) += A (16 x 32 unsigned bytes) . B (32 x 16 signed bytes,
     packed 4 rows to a row of 64 bytes), exactly, at the extremes of both byte ranges."""
