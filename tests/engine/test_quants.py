@@ -506,7 +506,7 @@ def _extreme_q4_k(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
     raw[:, :, 4:] = 0xFF                                  # 12 scale bytes, then 128 bytes of nibbles
     x = np.ones((6, n_in), F32)
     x[1] = 1.0
-    x[1, ::256] = -1.0                                    # first of the largest |x|, negative: q = +127
+    x[1, ::256] = -1.0                                    # first of the largest |x|: q = -127 here, +127 elsewhere
     x[2:] = make_acts(4, n_in, seed=9)
     return raw.reshape(n_out, -1), x
 
@@ -519,24 +519,24 @@ def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mo
     16 tokens or more take 16 tokens by 8 rows per tdpbusd (activations offset by +128) and
     form each chunk's integer in float32: the same integers, so every output is the same
     float, in fours, in tiles of 16 and their partial last one, in the n % 4 rest, across the
-    token tiles of a wide input and at the largest sums (n_tok -1: _extreme_q4_k). QMatrix
-    takes them where the CPU has them."""
+    token tiles of a wide input, in a last group of 4 rows (44 rows) and at the largest sums
+    (n_tok -1: _extreme_q4_k). QMatrix takes them where the CPU has them."""
     from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2
     from app.engine.quant import kquants_avx2
     if not HAS_AVX2 or (mode == "amx" and not HAS_AMX):
         pytest.skip(f"the AVX2 kernels only, {mode} where the CPU has it")
     if n_tok < 0:
-        raw, x = _extreme_q4_k(40, n_in)
+        raw, x = _extreme_q4_k(44, n_in)
         x = np.concatenate([x] * 4)                       # 24 tokens: one AMX tile and a part
         n_tok = x.shape[0]
     else:
-        raw, x = make_raw(Q.Q4_K, 40, n_in, seed=n_tok), make_acts(n_tok, n_in, seed=n_tok)
+        raw, x = make_raw(Q.Q4_K, 44, n_in, seed=n_tok), make_acts(n_tok, n_in, seed=n_tok)
     m = QMatrix.from_array(raw, Q.Q4_K)
-    avx2 = np.empty((n_tok, 40), F32)
-    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 40, False, False, 2, x, avx2)
-    got = np.empty((n_tok, 40), F32)
-    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 40, True, mode == "amx", 2, x, got)
+    avx2 = np.empty((n_tok, 44), F32)
+    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, False, False, 2, x, avx2)
+    got = np.empty((n_tok, 44), F32)
+    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, True, mode == "amx", 2, x, got)
     np.testing.assert_array_equal(got, avx2)
     np.testing.assert_array_equal(m.matmul(x), avx2)
 

@@ -1,5 +1,5 @@
-"""Intel AMX tiles for the engine's numba kernels: int8 matrix products of 16 x 32-byte tiles
-in one instruction (Sapphire Rapids and later), through LLVM's AMX intrinsics.
+"""Intel AMX tiles for the engine's numba kernels: int8 matrix products of tiles of up to 16
+rows of 64 bytes in one instruction (Sapphire Rapids and later), through LLVM's AMX intrinsics.
 
 An AMX unit multiplies an A tile (up to 16 rows of 64 unsigned bytes) by a B tile (rows of 4
 signed bytes per output column, "VNNI-packed") into a C tile of int32 sums, exactly: the same
@@ -10,7 +10,8 @@ ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, kernel Documentation/arch/x86/xstate
 ``HAS_AMX`` is true only when the CPU has AMX-INT8 and that request succeeded.
 
 The tile numbers are compile-time constants. Where the CPU has no AMX the intrinsics still
-compile, to a trap: kernels take their AMX branch only when ``HAS_AMX``, so it never runs.
+compile, to a trap: kernels take their AMX branch only when ``HAS_AMX``, so it never runs; where
+it has AMX but the tile state was refused, the real instructions are compiled (and not run).
 """
 from __future__ import annotations
 
@@ -34,12 +35,18 @@ _VOID = ir.VoidType()
 _P8 = I8.as_pointer()
 
 
-def _host_has_amx() -> bool:
+def _cpu_has_amx() -> bool:
+    """AMX-TILE and AMX-INT8 in the CPU features LLVM compiles for (those numba's cache is keyed by)."""
     try:
         features = llvm.get_host_cpu_features()
     except RuntimeError:
         return False
-    if not (features.get("amx-tile") and features.get("amx-int8")) or platform.system() != "Linux":
+    return bool(features.get("amx-tile")) and bool(features.get("amx-int8"))
+
+
+def _tile_state_granted() -> bool:
+    """Ask Linux for the tile state (once per process; 0 is granted)."""
+    if platform.system() != "Linux":
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -48,7 +55,11 @@ def _host_has_amx() -> bool:
         return False
 
 
-HAS_AMX = _host_has_amx()
+# The instructions are compiled wherever the CPU has them, whether or not this process was
+# granted the tile state: numba's disk cache is keyed by the CPU's features, so a kernel cached
+# by a process that was refused must still hold the real instructions for one that is not.
+_CPU_AMX = _cpu_has_amx()
+HAS_AMX = _CPU_AMX and _tile_state_granted()
 
 
 def _trap(builder):
@@ -56,7 +67,7 @@ def _trap(builder):
 
 
 def _call(builder, name, arg_types, args):
-    if not HAS_AMX:          # compiled, never run (see the module's docstring)
+    if not _CPU_AMX:         # compiled, never run (see the module's docstring)
         _trap(builder)
         return
     builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VOID, arg_types), name), args)

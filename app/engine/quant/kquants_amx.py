@@ -180,17 +180,15 @@ def q6k_rows_amx(raw, r0, n_rows, nsb, bact, cstart, dk_t, n_tok, wbuf, cbuf, sc
     n_tiles = n_tok // AMX_TOKENS
     n_all = dk_t.shape[0] // nsb
     acc[:] = 0
+    wbuf[256 * n_rows:] = 0          # rows past the last: their sums are computed and dropped
     for i in range(nsb):
-        for r in range(16):
-            if r < n_rows:
-                blk = ((r0 + r) * nsb + i) * Q6K_BYTES
-                _q6k_row_weights(raw, blk, wbuf, 256 * r)
-                for j in range(16):
-                    s = np.int32(raw[blk + 192 + j])
-                    sc[16 * r + j] = s - 256 if s > 127 else s
-                dw[r] = load_f16(raw, blk + 208)
-            else:
-                wbuf[256 * r:256 * r + 256] = 0
+        for r in range(n_rows):
+            blk = ((r0 + r) * nsb + i) * Q6K_BYTES
+            _q6k_row_weights(raw, blk, wbuf, 256 * r)
+            for j in range(16):
+                s = np.int32(raw[blk + 192 + j])
+                sc[16 * r + j] = s - 256 if s > 127 else s
+            dw[r] = load_f16(raw, blk + 208)
         for tile in range(n_tiles):
             bt = tile * nsb + i
             for j in range(16):

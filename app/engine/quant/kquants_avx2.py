@@ -43,8 +43,8 @@ from ..ops.amx import tile_config, tile_release, tile_shapes
 from ..ops.f16 import decode_f16
 from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
 from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, load256, load_f16, load_f16x8, madd16,
-                            maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, store256, sub32,
-                            sub8, to_f32, vand, vor, zero8i)
+                            maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8,
+                            to_f32, vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
 from .kquants_amx import (AMX_SHAPES, AMX_TOKENS, Q6K_AMX_SHAPES, Q6K_BYTES, q4k_gemm_amx, q6k_pack_acts, q6k_rows_amx,
