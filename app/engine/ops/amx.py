@@ -18,14 +18,14 @@ from __future__ import annotations
 import ctypes
 import platform
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .simd import elem_ptr
+from .simd_int import host_cpu_features
 
 _ARCH_PRCTL = 158              # x86-64 syscall number
 _ARCH_REQ_XCOMP_PERM = 0x1023
@@ -37,10 +37,7 @@ _P8 = I8.as_pointer()
 
 def _cpu_has_amx() -> bool:
     """AMX-TILE and AMX-INT8 in the CPU features LLVM compiles for (those numba's cache is keyed by)."""
-    try:
-        features = llvm.get_host_cpu_features()
-    except RuntimeError:
-        return False
+    features = host_cpu_features()
     return bool(features.get("amx-tile")) and bool(features.get("amx-int8"))
 
 
@@ -154,14 +151,13 @@ def tile_dpbusd(typingctx, c, a, b):
     return types.none(c, a, b), codegen
 
 
-@njit(cache=True, nogil=True)
-def tile_shapes(shapes):
-    """The 64-byte configuration (palette 1) giving tile t `shapes[t, 0]` rows of
-    `shapes[t, 1]` bytes. shapes (n_tiles, 2) int64 -> (64,) uint8."""
+def tile_shapes(shapes) -> np.ndarray:
+    """The 64-byte configuration (palette 1) giving tile t `shapes[t][0]` rows of
+    `shapes[t][1]` bytes, for ``tile_config``; made once, where the kernels' tiles are named.
+    shapes: (n_tiles, 2) ints -> (64,) uint8."""
     cfg = np.zeros(64, np.uint8)
     cfg[0] = 1
-    for t in range(shapes.shape[0]):
-        cfg[16 + 2 * t] = shapes[t, 1] & 0xFF
-        cfg[17 + 2 * t] = shapes[t, 1] >> 8
-        cfg[48 + t] = shapes[t, 0]
+    for t, (rows, width) in enumerate(shapes):
+        cfg[16 + 2 * t:18 + 2 * t] = np.frombuffer(np.uint16(width).tobytes(), np.uint8)
+        cfg[48 + t] = rows
     return cfg

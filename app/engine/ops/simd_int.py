@@ -35,11 +35,17 @@ V16I16 = ir.VectorType(I16, 16)
 V8I = ir.VectorType(I32, 8)
 
 
-def _host_has_avx2() -> bool:
+def host_cpu_features() -> dict:
+    """The CPU features LLVM compiles numba's kernels for (name -> bool); empty where the host
+    gives no list, so every kernel choice falls back to the portable ones."""
     try:
-        features = llvm.get_host_cpu_features()
-    except RuntimeError:          # no feature list on this host: take the portable kernels
-        return False
+        return dict(llvm.get_host_cpu_features())
+    except RuntimeError:
+        return {}
+
+
+def _host_has_avx2() -> bool:
+    features = host_cpu_features()
     return bool(features.get("avx2")) and bool(features.get("fma")) and bool(features.get("f16c"))
 
 
@@ -49,10 +55,7 @@ HAS_AVX2 = _host_has_avx2()
 def _host_has_vnni() -> bool:
     """vpdpbusd on 256-bit vectors: AVX-512 VNNI with VL (Ice Lake, Sapphire Rapids, Zen 4)
     or AVX-VNNI (Alder Lake and later)."""
-    try:
-        features = llvm.get_host_cpu_features()
-    except RuntimeError:
-        return False
+    features = host_cpu_features()
     return HAS_AVX2 and (bool(features.get("avxvnni"))
                          or (bool(features.get("avx512vnni")) and bool(features.get("avx512vl"))))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..ops.amx import tile_dpbusd, tile_load, tile_store, tile_zero
+from ..ops.amx import tile_dpbusd, tile_load, tile_shapes, tile_store, tile_zero
 from ..ops.simd import fma8, load8, mul8, splat8, store8, zero8
 from ..ops.simd_int import (add32, bcast32, dpbusd, load256, load_f16, madd16, mul32, sll32, splat32, srl32, store256,
                             sub8, to_f32, vand, zero8i)
@@ -90,9 +90,9 @@ def q4k_gemm_amx(x8, base, b, nsb, n_in, xu, dk, bs_pairs, t0, t_end, scg, mins,
             store8(am, accm, 8 * (tt - t0))
 
 
-# tile shapes of q4k_gemm_amx (rows, bytes): sums 16 tokens x 8 int32, activations 16 tokens
-# x 32 bytes, weights 8 rows of 4 bytes for each of the 8 weight rows
-AMX_SHAPES = np.array([[16, 32], [16, 32], [16, 32], [16, 32], [8, 32], [8, 32]], np.int64)
+# tile configuration of q4k_gemm_amx (rows, bytes): sums 16 tokens x 8 int32, activations 16
+# tokens x 32 bytes, weights 8 rows of 4 bytes for each of the 8 weight rows
+AMX_CONFIG = tile_shapes([(16, 32), (16, 32), (16, 32), (16, 32), (8, 32), (8, 32)])
 
 
 @njit(nogil=True, cache=True)
@@ -119,9 +119,9 @@ def unsigned_acts(xq, n_tok, n_in, amx):
 # float step, the same bits.
 
 Q6K_BYTES = 210     # block_q6_K
-# tile shapes (rows, bytes): 0 the sums (16 weight rows x 16 tokens, int32), 1 the weights (16
-# rows x 16 bytes), 2 the activations (4 rows x 16 tokens x 4 bytes)
-Q6K_AMX_SHAPES = np.array([[16, 64], [16, 16], [4, 64]], np.int64)
+# tile configuration of q6k_rows_amx (rows, bytes): 0 the sums (16 weight rows x 16 tokens,
+# int32), 1 the weights (16 rows x 16 bytes), 2 the activations (4 rows x 16 tokens x 4 bytes)
+Q6K_AMX_CONFIG = tile_shapes([(16, 64), (16, 16), (4, 64)])
 
 
 @njit(nogil=True, cache=True)
@@ -176,7 +176,7 @@ def q6k_rows_amx(raw, r0, n_rows, nsb, bact, cstart, dk_t, n_tok, wbuf, cbuf, sc
     acc (16 * n_tok,) float32, row r's token t at r * n_tok + t, gets llama.cpp's tiled chain.
     dk_t (nsb * n_tok_all,) float32: the tokens' Q8_K scales by block; wbuf (4096,) uint8,
     cbuf (4096,) int32, sc (256,) int32, dw (16,) float32: this thread's buffers. The tile
-    configuration (Q6K_AMX_SHAPES) is loaded."""
+    configuration (Q6K_AMX_CONFIG) is loaded."""
     n_tiles = n_tok // AMX_TOKENS
     n_all = dk_t.shape[0] // nsb
     acc[:] = 0

@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..cpu.numa import placed_empty
-from ..ops.amx import tile_config, tile_release, tile_shapes
+from ..ops.amx import tile_config, tile_release
 from ..ops.f16 import decode_f16
 from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
 from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, load256, load_f16, load_f16x8, madd16,
@@ -47,7 +47,7 @@ from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, loa
                             to_f32, vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
-from .kquants_amx import (AMX_SHAPES, AMX_TOKENS, Q6K_AMX_SHAPES, Q6K_BYTES, q4k_gemm_amx, q6k_pack_acts, q6k_rows_amx,
+from .kquants_amx import (AMX_CONFIG, AMX_TOKENS, Q6K_AMX_CONFIG, Q6K_BYTES, q4k_gemm_amx, q6k_pack_acts, q6k_rows_amx,
                           unsigned_acts)
 from .layout import chunk_groups, n_chunks_for
 
@@ -374,14 +374,13 @@ def matmul_q4_k_x8(x8, n_out, vnni, amx, n_chunks, x, out):
     step = AMX_TOKENS if amx else 4
     tile = max(step, min(n_tok, Q4K_TILE_BYTES // n_in) // step * step)
     xu = unsigned_acts(xq, n_tok, n_in, amx)
-    cfg = tile_shapes(AMX_SHAPES)
     for c in prange(n_chunks):
         acc = np.empty(tile * 8, np.float32)       # (tile, 8) float32
         accm = np.empty(tile * 8, np.float32)      # (tile, 8) float32
         row = np.empty(8, np.float32)              # (8,) float32
         bufs = (np.empty(2048, np.uint8), np.empty(1024, np.int32))
         if amx:
-            tile_config(cfg)
+            tile_config(AMX_CONFIG)
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
         for t0 in range(0, n_tok, tile):
             t1 = min(n_tok, t0 + tile)
@@ -537,14 +536,14 @@ def matmul_q6_k_rows(raw, n_out, amx, n_chunks, x, out):
     nsb = n_in // QK_K
     xq, dk, bs_pairs, bs16 = q8_k_acts(x)
     tiled = n_tok >= TILED_MIN_BATCH
-    dk_t = np.ascontiguousarray(dk.T).reshape(-1)    # (nsb * n_tok,) float32: a block's scales of every token
+    # (nsb * n_tok,) float32: a block's scales of every token, for the batch paths only
+    dk_t = np.ascontiguousarray(dk.T).reshape(-1) if tiled else dk.reshape(-1)
     n_amx = n_tok // AMX_TOKENS * AMX_TOKENS if amx and tiled else 0
     bact, cstart = q6k_pack_acts(xq, bs16, n_amx, n_in)
-    cfg = tile_shapes(Q6K_AMX_SHAPES)
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)
         if n_amx:
-            tile_config(cfg)
+            tile_config(Q6K_AMX_CONFIG)
             bufs = (np.empty(4096, np.uint8), np.empty(4096, np.int32), np.empty(256, np.int32),
                     np.empty(16, np.float32), np.empty(16 * n_amx, np.float32))
             for g in range(r0, r1, 16):
