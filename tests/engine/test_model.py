@@ -162,7 +162,11 @@ def test_k_quant_logits_are_bit_exact_with_llamacpp(tiny_model, llama_cpp, arch,
     repacked gemm, Q6_K through vec_dot) and for single-token decode steps (its gemv). Every
     row count is a multiple of 8, as llama.cpp needs to repack (real models' are). Against a
     llama.cpp built with AVX-512 or AMX, whose batch kernels sum in another order, the logits
-    agree to float rounding (measured: 9e-5 at most, on logits up to 132)."""
+    agree to float rounding; where eLLM's batches take AMX (quant/kquants_amx.py: every token
+    of a batch gets its gemv bits, the bits it gets alone) a last-bit difference can flip the
+    8-bit rounding of one activation (measured: 0.029 at one of 20 positions, logits up to 274,
+    1.1e-4 of the largest; every other position within 6e-5)."""
+    from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2
     if not HAS_AVX2:
         pytest.skip("the bit-exact kernels are those of llama.cpp's AVX2 build")
@@ -173,11 +177,14 @@ def test_k_quant_logits_are_bit_exact_with_llamacpp(tiny_model, llama_cpp, arch,
     cache = model.new_cache(64)
     ours_prompt = prefill(model, cache, PROMPT, all_logits=True)
     ours_steps = np.stack([decode_one_token(model, cache, t) for t in STEPS])
-    if llamacpp_takes_the_avx2_kernels(llama_cpp):
+    avx2 = llamacpp_takes_the_avx2_kernels(llama_cpp)
+    if avx2 and not (HAS_AMX and qtype == Q.Q4_K):
         np.testing.assert_array_equal(ours_prompt, ref_prompt)
+    else:
+        assert_logits_close(ours_prompt, ref_prompt, 1e-3)
+    if avx2:
         np.testing.assert_array_equal(ours_steps, ref_steps)
     else:
-        assert_logits_close(ours_prompt, ref_prompt, 1e-5)
         assert_logits_close(ours_steps, ref_steps, 1e-5)
 
 # ---- Chunking and the KV cache ------------------------------------------------------------------

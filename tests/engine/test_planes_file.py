@@ -165,10 +165,10 @@ def layout_digest(qtype: Q, repack) -> str:
 
 
 def test_the_layout_version_is_bumped_with_any_layout_change():
-    from app.engine.quant import kquants, kquants_avx2
+    from app.engine.quant import kquants, q4k_x8
 
     repacks = {q.name: (q, f) for q, f in qmatrix._REPACK.items()}
     repacks.update({"Q4_K": (Q.Q4_K, kquants.repack_q4_k), "Q6_K": (Q.Q6_K, kquants.repack_q6_k),
-                    "Q4_K x8": (Q.Q4_K, kquants_avx2.repack_q4_k_x8)})
+                    "Q4_K x8": (Q.Q4_K, q4k_x8.repack_q4_k_x8)})
     digests = {name: layout_digest(q, f) for name, (q, f) in repacks.items()}
     assert digests == LAYOUT_DIGESTS

@@ -455,7 +455,8 @@ def test_q4_k_batches_in_token_tiles_keep_each_tokens_chain():
     assert kquants_avx2.Q4K_TILE_BYTES // n_in == 29        # tiles of 28 tokens
     m = QMatrix.from_array(make_raw(Q.Q4_K, 16, n_in), Q.Q4_K)
     x = make_acts(42, n_in, seed=3)
-    y = m.matmul(x)                                         # tiles [0, 28) and [28, 42); gemv from 40
+    y = np.empty((42, 16), F32)                             # tiles [0, 28) and [28, 42); gemv from 40
+    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 16, False, False, 2, x, y)     # not AMX's (tiles of 16)
     for t0 in (0, 24, 28, 36):
         np.testing.assert_array_equal(y[t0:t0 + 4], m.matmul(x[t0:t0 + 4]))
     np.testing.assert_array_equal(y[40], m.matvec(x[40]))
@@ -511,15 +512,19 @@ def _extreme_q4_k(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
     return raw.reshape(n_out, -1), x
 
 
-@pytest.mark.parametrize("n_tok, n_in", [(4, 512), (7, 512), (37, 512), (42, 8960), (-1, 512)])
+@pytest.mark.parametrize("n_tok, n_in", [(4, 512), (7, 512), (37, 512), (42, 8960), (261, 512), (-1, 512)])
 @pytest.mark.parametrize("mode", ["vnni", "amx"])
 def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mode):
     """Q4_K's fours of tokens with vnni sum each sub-block in int32 lanes (vpdpbusd) and scale
-    them with vpmulld instead of vpmaddubsw's int16 pairs and vpmaddwd; with amx, batches of
-    16 tokens or more take 16 tokens by 8 rows per tdpbusd (activations offset by +128) and
-    form each chunk's integer in float32: the same integers, so every output is the same
-    float, in fours, in tiles of 16 and their partial last one, in the n % 4 rest, across the
-    token tiles of a wide input, in a last group of 4 rows (44 rows) and at the largest sums
+    them with vpmulld instead of vpmaddubsw's int16 pairs and vpmaddwd: the same integers and
+    float ops, so every output is the same float, in fours and in the n % 4 rest. With amx,
+    batches of 16 tokens or more go through AMX tiles, 16 tokens by 16 rows (two groups), the
+    scales inside the weights (nibble x the low and the high 3 bits of the scale) and the mins
+    as a third product, so each super-block's integers come whole and take llama.cpp's gemv
+    float steps: every token gets the bits it gets alone (matmul of one token, the gemv), in
+    tiles of 16 and their partial last one, across the token tiles of a wide input and of a long
+    batch (261: passes of 256 tokens, then 5), in a thread's last group alone and a last group
+    of 4 rows (44 rows) and at the largest sums
     (n_tok -1: _extreme_q4_k). QMatrix takes them where the CPU has them."""
     from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2
@@ -535,10 +540,14 @@ def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mo
     m = QMatrix.from_array(raw, Q.Q4_K)
     avx2 = np.empty((n_tok, 44), F32)
     kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, False, False, 2, x, avx2)
+    alone = np.empty((n_tok, 44), F32)                    # each token alone: the gemv chain
+    for t in range(n_tok):
+        kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, False, False, 2, x[t:t + 1], alone[t:t + 1])
     got = np.empty((n_tok, 44), F32)
     kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, True, mode == "amx", 2, x, got)
-    np.testing.assert_array_equal(got, avx2)
-    np.testing.assert_array_equal(m.matmul(x), avx2)
+    on_amx = n_tok >= kquants_avx2.AMX_TOKENS
+    np.testing.assert_array_equal(got, alone if mode == "amx" and on_amx else avx2)
+    np.testing.assert_array_equal(m.matmul(x), alone if HAS_AMX and on_amx else avx2)
 
 
 @pytest.mark.parametrize("n_tok, n_in", [(16, 512), (37, 512), (40, 8960), (-1, 512)])

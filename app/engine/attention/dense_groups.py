@@ -11,23 +11,49 @@ from numba import njit, prange
 
 from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8_2d, splat8, store8_2d, zero8
-from .ggml_lanes import reduce_lanes8, reduce_lanes32, softmax, vec_dot_f16
+from .ggml_lanes import reduce4x8, reduce_lanes8, reduce_lanes32, softmax
 
 # ---- One query token (decode) -----------------------------------------------------------------
+
+
+KEY_BLOCK = 64   # key rows converted to f32 at a time (32 KiB at HD 128: they stay in L1)
+
+
+@njit(inline="always")
+def _dot_rows(kf, i, q16, g):
+    """kf[i] . q16[g] with ggml_vec_dot_f16's lanes (``vec_dot_f16``: four 8-lane accumulators
+    over steps of 32, GGML_F32x8_REDUCE), kf being key rows already in f32 (exact). HD % 32 == 0."""
+    g0 = zero8()
+    g1 = zero8()
+    g2 = zero8()
+    g3 = zero8()
+    for e in range(0, q16.shape[1], 32):
+        g0 = fma8(load8_2d(kf, i, e), load8_2d(q16, g, e), g0)
+        g1 = fma8(load8_2d(kf, i, e + 8), load8_2d(q16, g, e + 8), g1)
+        g2 = fma8(load8_2d(kf, i, e + 16), load8_2d(q16, g, e + 16), g2)
+        g3 = fma8(load8_2d(kf, i, e + 24), load8_2d(q16, g, e + 24), g3)
+    return reduce4x8(g0, g1, g2, g3)
 
 
 @njit(inline="always")
 def _scores_group(k, q16, n_kv, scale, s):
     """s[g, j] = (K[j] . q16[g]) * scale for the query heads g of one GQA group, with
-    ggml_vec_dot_f16's lanes (``vec_dot_f16``). Key row j is read once for all the
-    heads (llama.cpp's mul_mat blocks the broadcast heads over the same rows the same way);
-    each dot product keeps its own accumulators and order, so the scores are the same bits.
+    ggml_vec_dot_f16's lanes. Key rows are converted from f16 once, KEY_BLOCK at a time, for
+    all the heads (converting them for each head's dot cost half the kernel); each dot keeps
+    its own accumulators and order, so the scores are the same bits. HD % 32 == 0.
 
     k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32;  s  # (G, >= n_kv) float32
     """
-    for j in range(n_kv):
+    head_dim = q16.shape[1]
+    kf = np.empty((KEY_BLOCK, head_dim), dtype=np.float32)  # (KEY_BLOCK, HD) key rows in f32
+    for j0 in range(0, n_kv, KEY_BLOCK):
+        nb = min(KEY_BLOCK, n_kv - j0)
+        for i in range(nb):
+            for e in range(0, head_dim, 8):
+                store8_2d(load8_2d(k, j0 + i, e), kf, i, e)
         for g in range(q16.shape[0]):
-            s[g, j] = vec_dot_f16(k, j, q16, g) * scale
+            for i in range(nb):
+                s[g, j0 + i] = _dot_rows(kf, i, q16, g) * scale
 
 
 @njit(inline="always")

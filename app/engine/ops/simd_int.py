@@ -233,6 +233,7 @@ vor = _binary(lambda b, x, y: b.or_(x, y))
 add32 = _binary(lambda b, x, y: b.add(x, y))
 sub32 = _binary(lambda b, x, y: b.sub(x, y))
 add16 = _binary(lambda b, x, y: b.bitcast(b.add(b.bitcast(x, V16I16), b.bitcast(y, V16I16)), V8I))
+mullo16 = _binary(lambda b, x, y: b.bitcast(b.mul(b.bitcast(x, V16I16), b.bitcast(y, V16I16)), V8I))  # vpmullw
 mul32 = _binary(lambda b, x, y: b.mul(x, y))    # low 32 bits of each lane's product (vpmulld)
 
 

@@ -1,13 +1,17 @@
-"""Q4_K and Q6_K batches on Intel AMX tiles (ops/amx.py). Q4_K: the integers of the fours of
-tokens that quant/kquants_avx2.py's _q4k_group multiplies, 16 tokens by 8 rows of a sub-block
-in one tdpbusd, and the same float steps after them, so the outputs are the same bits. Q6_K:
-below.
+"""Q4_K and Q6_K batches on Intel AMX tiles (ops/amx.py).
 
-Why it fits: repack_q4_k_x8 lays a chunk's 8 weight rows as 8 vectors of 4 bytes per row,
-which is exactly an AMX B tile (rows of 4 signed bytes per output column) once the nibbles
-are split; the activations become the unsigned A tile by adding 128, which each row's nibble
-sum times 128 takes back out. Measured here (2 cores, 512 tokens): 8960 x 1536 in 72 ms,
-1536 x 8960 in 80 ms, against 100 ms with VNNI and 110 ms with AVX2 alone.
+Q4_K (q4k_pair_amx): 16 tokens by 16 rows (two repacked groups of 8, quant/q4k_x8.py) per
+tile product, with each sub-block's 6-bit scale folded into the weight bytes (nibble x its low
+and its high 3 bits, two B tiles) and the mins as a third B tile, so three C tiles sum a whole
+super-block's integers, 64 elements per tdpbusd, with no float step between sub-blocks. The
+float steps are then those of llama.cpp's gemv (one fma per super-block, lane-wise on 16 rows:
+ops/simd16.py), so every token of a batch gets exactly the bits it gets alone in a decode step;
+llama.cpp's AVX2 batch kernel (gemm, one fma per 64-element chunk) sums in another order, so a
+batch's logits there agree with these to float rounding (tests/engine/test_model.py), as those
+of llama.cpp's own AMX and AVX-512 builds do. Measured here (2 cores, 512 tokens, same process):
+8960 x 1536 in 29 ms and 1536 x 8960 in 48 ms, against 72 and 94 ms through VNNI (the earlier
+AMX kernel, one group a tile and the gemm's float steps per chunk, took 55-60 and 60-65 ms).
+Q6_K: below.
 """
 from __future__ import annotations
 
@@ -15,84 +19,120 @@ import numpy as np
 from numba import njit
 
 from ..ops.amx import tile_dpbusd, tile_load, tile_shapes, tile_store, tile_zero
-from ..ops.simd import fma8, load8, mul8, splat8, store8, zero8
-from ..ops.simd_int import (add32, bcast32, dpbusd, load256, load_f16, madd16, mul32, sll32, splat32, srl32, store256,
-                            sub8, to_f32, vand, zero8i)
+from ..ops.simd import fma8, load8, mul8, splat8, store8
+from ..ops.simd16 import (add16i, cat8, cat8i, fma16, load16, load16i, mul16, sll16i, splat16, store16, sub16i,
+                          to_f32_16)
+from ..ops.simd_int import (add32, dpbusd, load256, load_f16, load_f16x8, mul32, mullo16, prefetch, sll32, splat32,
+                            srl32, store256, to_f32, vand, zero8i)
 from .activations import QK_K
+from .q4k_x8 import Q4K_X8_BYTES, scale_lanes, scale_words
 
 
 AMX_TOKENS = 16     # tokens per AMX tile (its 16 rows)
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _amx_weights(x8, base, c, wbuf, sc_lo, sc_hi):
-    """Chunk c's nibbles as two B tiles in wbuf (low sub-block from 512 c, high from 512 c
-    + 256: 8 rows of 32 bytes, as the chunk's 8 vectors lie); returns -128 (sc_lo * its
-    low nibble sum + sc_hi * the high one) per weight row, as float32 (exact)."""
+def _pair_tiles(x8, base, half, s_lo, s_hi, n_lo, n_hi, wbuf):
+    """One group's half (columns 32 half .. + 32 of every 64-byte row) of a super-block's B
+    tiles in wbuf: for chunk c, at 1024 c the nibbles times the low 3 bits of their sub-block's
+    scale, at 4096 + 1024 c times its high 3 bits, at 8192 + 1024 c the sub-block's min in each
+    byte (16 rows: the low sub-block's 32 elements, then the high one's). Returns the offsets
+    the +128 of the activations adds, per row: (128 sum_j sc_j nib_j, 128 * 32 sum_j m_j)."""
     m4 = splat32(0x0F0F0F0F)
+    m3 = splat32(0x00070007)
     ones = splat32(0x01010101)
-    nib_lo = zero8i()
-    nib_hi = zero8i()
-    for k in range(8):
-        w = load256(x8, base + 128 + 256 * c + 32 * k)
-        wl = vand(w, m4)
-        wh = vand(srl32(w, 4), m4)
-        store256(wl, wbuf, 512 * c + 32 * k)
-        store256(wh, wbuf, 512 * c + 256 + 32 * k)
-        nib_lo = dpbusd(nib_lo, wl, ones)
-        nib_hi = dpbusd(nib_hi, wh, ones)
-    return sub8(zero8(), to_f32(sll32(add32(mul32(sc_lo, nib_lo), mul32(sc_hi, nib_hi)), 7)))
+    off_i = zero8i()
+    off_m = zero8i()
+    for c in range(4):
+        sw = s_lo if c < 2 else s_hi
+        nw = n_lo if c < 2 else n_hi
+        j = 2 * (c % 2)
+        sc_lo = scale_lanes(sw, j, False)           # the scale in both 16-bit halves of a row's lane
+        sc_hi = scale_lanes(sw, j + 1, False)
+        lo_l, lo_h = vand(sc_lo, m3), vand(srl32(sc_lo, 3), m3)
+        hi_l, hi_h = vand(sc_hi, m3), vand(srl32(sc_hi, 3), m3)
+        nib_lo = zero8i()
+        nib_hi = zero8i()
+        for k in range(8):
+            w = load256(x8, base + 128 + 256 * c + 32 * k)
+            wl = vand(w, m4)
+            wh = vand(srl32(w, 4), m4)
+            o = 1024 * c + 64 * k + 32 * half
+            store256(mullo16(wl, lo_l), wbuf, o)                  # nibble x (3 bits) < 2**7: no carry
+            store256(mullo16(wh, hi_l), wbuf, o + 512)
+            store256(mullo16(wl, lo_h), wbuf, o + 4096)
+            store256(mullo16(wh, hi_h), wbuf, o + 4096 + 512)
+            nib_lo = dpbusd(nib_lo, wl, ones)
+            nib_hi = dpbusd(nib_hi, wh, ones)
+        off_i = add32(off_i, add32(mul32(scale_lanes(sw, j, True), nib_lo), mul32(scale_lanes(sw, j + 1, True), nib_hi)))
+        m_lo = scale_lanes(nw, j, True)
+        m_hi = scale_lanes(nw, j + 1, True)
+        for k in range(8):
+            store256(mul32(m_lo, ones), wbuf, 8192 + 1024 * c + 64 * k + 32 * half)
+            store256(mul32(m_hi, ones), wbuf, 8192 + 1024 * c + 512 + 64 * k + 32 * half)
+        off_m = add32(off_m, add32(m_lo, m_hi))
+    return sll32(off_i, 7), sll32(off_m, 12)
 
 
-@njit(nogil=True, cache=True, inline="always")
-def q4k_gemm_amx(x8, base, b, nsb, n_in, xu, dk, bs_pairs, t0, t_end, scg, mins, dw, dm, acc, accm, bufs):
-    """_q4k_gemm_fours on AMX tiles: 16 tokens' activation bytes (A: xu, each + 128 to make
-    them unsigned) times a sub-block's 8 rows of nibbles (B: 8 rows of 4 bytes per weight row,
-    which is how repack_q4_k_x8 lays them) give the 16 x 8 sums S' of the sub-block in one
-    tdpbusd, S' = S + 128 * (the row's nibble sum). A chunk's integer I = sc_lo S_lo + sc_hi S_hi
-    is then formed in float32, exactly: every term and partial sum is an integer below 2**24
-    (|S'| <= 32 * 255 * 15, scales <= 63), so fma(sc_lo, S'_lo, fma(sc_hi, S'_hi, -offsets))
-    is float(I) with no rounding, and the float steps per token are _q4k_sums', in the same
-    order. Tiles (matmul_q4_k_x8's configuration): 0, 1 sums of the low and high sub-block;
-    2, 3 their activations; 4, 5 their weights. bufs = (weights (2048,) uint8, sums (1024,)
-    int32) of this thread."""
+@njit(nogil=True, cache=True)
+def q4k_pair_amx(x8, g, g2, nsb, n_in, xu, dk, t0, t_end, acc, accm, bufs):
+    """The rows of groups g and g2 against tokens t0 .. t_end (tiles of 16, the last one
+    partial) on AMX tiles: acc / accm (tokens x 16,) float32, token t's rows at 16 (t - t0), g's
+    8 then g2's, get each super-block's integers I = sum_j sc_j sum(q a) and M = sum_j m_j
+    bsum_j in llama.cpp's gemv chain, acc = fma(float(I), d_w d_x, acc) and accm =
+    fma(float(M), dmin_w d_x, accm): the float steps of ggml_gemv_q4_K_8x8_q8_K, so every
+    token of a batch gets the bits it gets alone (_q4k_group's gemv).
+
+    The scales go into the weights: sc = 8 h + l with h, l < 8, so nibble x l and nibble x h
+    are bytes (< 2**7) and one C tile each sums a whole super-block, 64 elements (a chunk) per
+    tdpbusd: I = C_l + 8 C_h. A third C tile sums the activations times each sub-block's min
+    (M). The activations are the unsigned A tile (+128, xu), whose offsets come back out per
+    row. bufs = (weights (12288,) uint8, sums (768,) int32) of this thread. Tiles (AMX_CONFIG):
+    0, 1, 2 the sums C_l, C_h, M (16 tokens x 16 rows); 3 the activations of a chunk; 4, 5, 6
+    its weights x l, x h and mins."""
     wbuf, cbuf = bufs
-    fsc = (to_f32(scg[0]), to_f32(scg[1]), to_f32(scg[2]), to_f32(scg[3]),
-           to_f32(scg[4]), to_f32(scg[5]), to_f32(scg[6]), to_f32(scg[7]))
-    neg = (_amx_weights(x8, base, 0, wbuf, scg[0], scg[1]), _amx_weights(x8, base, 1, wbuf, scg[2], scg[3]),
-           _amx_weights(x8, base, 2, wbuf, scg[4], scg[5]), _amx_weights(x8, base, 3, wbuf, scg[6], scg[7]))
-    for t in range(t0, t_end, AMX_TOKENS):
-        xa = t * n_in + b * QK_K
-        for c in range(4):
+    for b in range(nsb):
+        base0 = (g * nsb + b) * Q4K_X8_BYTES
+        base1 = (g2 * nsb + b) * Q4K_X8_BYTES
+        s_lo, s_hi, n_lo, n_hi = scale_words(x8, base0)
+        oi0, om0 = _pair_tiles(x8, base0, 0, s_lo, s_hi, n_lo, n_hi, wbuf)
+        s_lo, s_hi, n_lo, n_hi = scale_words(x8, base1)
+        oi1, om1 = _pair_tiles(x8, base1, 1, s_lo, s_hi, n_lo, n_hi, wbuf)
+        off_i = cat8i(oi0, oi1)
+        off_m = cat8i(om0, om1)
+        dw = cat8(load_f16x8(x8, base0), load_f16x8(x8, base1))
+        dm = cat8(load_f16x8(x8, base0 + 16), load_f16x8(x8, base1 + 16))
+        for t in range(t0, t_end, AMX_TOKENS):
+            xa = t * n_in + b * QK_K
             tile_zero(0)
             tile_zero(1)
-            tile_load(2, xu, xa + 64 * c, n_in)
-            tile_load(3, xu, xa + 64 * c + 32, n_in)
-            tile_load(4, wbuf, 512 * c, 32)
-            tile_load(5, wbuf, 512 * c + 256, 32)
-            tile_dpbusd(0, 2, 4)
-            tile_dpbusd(1, 3, 5)
-            tile_store(0, cbuf, 256 * c, 32)
-            tile_store(1, cbuf, 256 * c + 128, 32)
-        for u in range(min(AMX_TOKENS, t_end - t)):
-            tt = t + u
-            dx = splat8(dk[tt, b])
-            wd = mul8(dw, dx)
-            md = mul8(dm, dx)
-            a = load8(acc, 8 * (tt - t0))
-            am = load8(accm, 8 * (tt - t0))
-            p = (tt * nsb + b) * 4
+            tile_zero(2)
             for c in range(4):
-                hi = fma8(fsc[2 * c + 1], to_f32(load256(cbuf, 256 * c + 128 + 8 * u)), neg[c])
-                a = fma8(fma8(fsc[2 * c], to_f32(load256(cbuf, 256 * c + 8 * u)), hi), wd, a)
-                am = fma8(to_f32(madd16(mins[c], bcast32(bs_pairs, p + c))), md, am)
-            store8(a, acc, 8 * (tt - t0))
-            store8(am, accm, 8 * (tt - t0))
+                for r in range(AMX_TOKENS):             # the next tile's rows: L2 -> L1 ahead of its loads
+                    prefetch(xu, xa + (AMX_TOKENS + r) * n_in + 64 * c)
+                tile_load(3, xu, xa + 64 * c, n_in)
+                tile_load(4, wbuf, 1024 * c, 64)
+                tile_load(5, wbuf, 4096 + 1024 * c, 64)
+                tile_load(6, wbuf, 8192 + 1024 * c, 64)
+                tile_dpbusd(0, 3, 4)
+                tile_dpbusd(1, 3, 5)
+                tile_dpbusd(2, 3, 6)
+            tile_store(0, cbuf, 0, 64)
+            tile_store(1, cbuf, 256, 64)
+            tile_store(2, cbuf, 512, 64)
+            for u in range(min(AMX_TOKENS, t_end - t)):
+                tt = t + u
+                dx = splat16(dk[tt, b])
+                i = sub16i(add16i(load16i(cbuf, 16 * u), sll16i(load16i(cbuf, 256 + 16 * u), 3)), off_i)
+                m = sub16i(load16i(cbuf, 512 + 16 * u), off_m)
+                o = 16 * (tt - t0)
+                store16(fma16(to_f32_16(i), mul16(dw, dx), load16(acc, o)), acc, o)
+                store16(fma16(to_f32_16(m), mul16(dm, dx), load16(accm, o)), accm, o)
 
 
-# tile configuration of q4k_gemm_amx (rows, bytes): sums 16 tokens x 8 int32, activations 16
-# tokens x 32 bytes, weights 8 rows of 4 bytes for each of the 8 weight rows
-AMX_CONFIG = tile_shapes([(16, 32), (16, 32), (16, 32), (16, 32), (8, 32), (8, 32)])
+# tile configuration of q4k_pair_amx (rows, bytes): sums 16 tokens x 16 int32 (3), activations
+# 16 tokens x 64 bytes, weights 16 rows of 4 bytes for each of the 16 weight rows (3)
+AMX_CONFIG = tile_shapes([(16, 64)] * 7)
 
 
 @njit(nogil=True, cache=True)

@@ -15,13 +15,8 @@ Q4_K: llama.cpp repacks the weights of 8 rows side by side (repack.cpp, ``block_
         acc  = fma(float(I), d_w * d_x, acc)       accm = fma(float(M), dmin_w * d_x, accm)
     in super-block order, and returns acc - accm. The integers do not depend on how they are
     summed, and each row's floats are a chain of their own, so any layout that gives every
-    row the same chain gives the same bits. Ours (``repack_q4_k_x8``) keeps 8 rows per group
-    too, one super-block of the group in 1152 contiguous bytes:
-        [0, 16)     d of the 8 rows (f16)          [16, 32)  dmin of the 8 rows (f16)
-        [32, 128)   the 12 scale bytes as 3 words, word w of row r at 32 + 4 (8 w + r)
-        [128, 1152) quants: for chunk c < 4 (64 elements) and k < 8, 32 bytes holding
-                    qs[32 c + 4 k .. + 4] of rows 0..7, so a 32-bit lane is one row
-    A lane's low nibbles are elements 64c + 4k .. + 4 and its high nibbles the same + 32: one
+    row the same chain gives the same bits. Ours (quant/q4k_x8.py ``repack_q4_k_x8``) keeps 8
+    rows per group too, a 32-bit lane of each 32-byte vector being one row's 8 nibbles: one
     vpmaddubsw against the 4 activations broadcast, and 8 of them make a sub-block.
 Q6_K: no repack on x86; ``ggml_vec_dot_q6_K_q8_K`` runs along each row. Its 8 int32 lanes
     are partial sums over fixed element sets (lane L: bytes 4L..4L+3 of each 32-byte vector,
@@ -38,68 +33,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..cpu.numa import placed_empty
 from ..ops.amx import tile_config, tile_release
 from ..ops.f16 import decode_f16
 from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
 from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, load256, load_f16, load_f16x8, madd16,
-                            maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32, sub8,
+                            maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32,
                             to_f32, vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
-from .kquants_amx import (AMX_CONFIG, AMX_TOKENS, Q6K_AMX_CONFIG, Q6K_BYTES, q4k_gemm_amx, q6k_pack_acts, q6k_rows_amx,
+from .kquants_amx import (AMX_CONFIG, AMX_TOKENS, Q6K_AMX_CONFIG, Q6K_BYTES, q4k_pair_amx, q6k_pack_acts, q6k_rows_amx,
                           unsigned_acts)
-from .layout import chunk_groups, n_chunks_for
+from .layout import chunk_groups
+from .q4k_x8 import Q4K_X8_BYTES, ROWS_X8, scale_words, scales8
 
 QK_K = 256
-ROWS_X8 = 8                      # rows of a Q4_K group
-Q4K_BYTES = 144                  # block_q4_K
-Q4K_X8_BYTES = ROWS_X8 * Q4K_BYTES
 TILED_MIN_BATCH = 8              # ggml-cpu tiled/tiled.cpp ggml_tiled_min_batch
 PREFETCH_AHEAD = 4 * Q4K_X8_BYTES
-
-
-# ---- Q4_K: repack (once at load) ------------------------------------------------------
-
-def repack_q4_k_x8(raw, n_out, n_in):
-    """raw (n_out, n_in // 256 * 144) uint8 GGUF rows -> {"x8": (groups * nsb * 1152,) uint8} in
-    the layout above; a last group of fewer than 8 rows is filled with zero rows. One parallel
-    pass over the bytes (numpy's four transposing copies took 3.1 s of every start on the 1.5B
-    model, this ~0.3 s)."""
-    nsb = n_in // QK_K
-    groups = -(-n_out // ROWS_X8)
-    src = np.asarray(raw, dtype=np.uint8).reshape(n_out, nsb * Q4K_BYTES)
-    out = placed_empty(groups * nsb * Q4K_X8_BYTES, np.uint8)
-    if n_out % ROWS_X8:
-        out[(groups - 1) * nsb * Q4K_X8_BYTES:] = 0     # the missing rows of the last group
-    _repack_x8(src, out, n_chunks_for(n_out))
-    return {"x8": out}
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _repack_x8(src, out, n_chunks):
-    """src (n_out, nsb * 144) uint8 -> out (groups * nsb * 1152,) uint8, each thread a run of
-    groups; the bytes of rows past n_out are left as they are."""
-    n_out = src.shape[0]
-    nsb = src.shape[1] // Q4K_BYTES
-    groups = (n_out + ROWS_X8 - 1) // ROWS_X8
-    for ch in prange(n_chunks):
-        g0, g1 = chunk_groups(ch, n_chunks, groups)
-        for g in range(g0, g1):
-            for b in range(nsb):
-                base = (g * nsb + b) * Q4K_X8_BYTES
-                blk = b * Q4K_BYTES
-                for r in range(min(ROWS_X8, n_out - g * ROWS_X8)):
-                    row = g * ROWS_X8 + r
-                    for j in range(2):
-                        out[base + 2 * r + j] = src[row, blk + j]
-                        out[base + 16 + 2 * r + j] = src[row, blk + 2 + j]
-                    for w in range(3):
-                        for j in range(4):
-                            out[base + 32 + 32 * w + 4 * r + j] = src[row, blk + 4 + 4 * w + j]
-                    for q in range(32):         # q = 8 c + k: bytes 32 c + 4 k .. + 4 of the row
-                        for j in range(4):
-                            out[base + 128 + 32 * q + 4 * r + j] = src[row, blk + 16 + 4 * q + j]
 
 
 # ---- activations ------------------------------------------------------------------------------
@@ -166,24 +115,6 @@ def _quantize_acts_parallel(x, xq, dk, bs_pairs, bs16):
 # ---- Q4_K kernel ------------------------------------------------------------------------------
 
 @njit(nogil=True, cache=True, inline="always")
-def _scale_lanes(v, j, vnni):
-    """Byte j of each 32-bit lane of v (a sub-block's scale per row): in both 16-bit halves
-    of the lane for vpmaddwd with 16-bit sums, as the lane itself for vnni's 32-bit sums."""
-    t = vand(srl32(v, 8 * j), splat32(0xFF))
-    if vnni:
-        return t
-    return vor(t, sll32(t, 16))
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _scales8(s_lo, s_hi, vnni):
-    """The 8 sub-blocks' scales of a super-block (_scale_lanes) from its two scale words."""
-    return (_scale_lanes(s_lo, 0, vnni), _scale_lanes(s_lo, 1, vnni), _scale_lanes(s_lo, 2, vnni),
-            _scale_lanes(s_lo, 3, vnni), _scale_lanes(s_hi, 0, vnni), _scale_lanes(s_hi, 1, vnni),
-            _scale_lanes(s_hi, 2, vnni), _scale_lanes(s_hi, 3, vnni))
-
-
-@njit(nogil=True, cache=True, inline="always")
 def _bytes_as_halves(v, h):
     """Bytes 2h and 2h + 1 of each 32-bit lane of v as its two 16-bit halves (two mins)."""
     t = srl32(v, 16 * h)
@@ -206,6 +137,9 @@ def _q4k_chunk(x8, qbase, xq, xbase):
 
 
 Q4K_TILE_BYTES = 256 << 10   # Q8_K activations one pass of a chunk's groups reuses (half of a 512 KiB L2)
+AMX_TILE_BYTES = 1 << 20     # the same on AMX (CPUs with 2 MiB of L2 a core), where each pass unpacks a group's
+AMX_TILE_TOKENS = 256        # weights into tiles once: an 8960-wide input in passes of 16 tokens was 1.2-1.5x
+                             # slower than in 112; the cap keeps a pass's float sums in L1
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -253,7 +187,7 @@ def _q4k_chunk4(x8, qbase, xq, xa, step, vnni):
 @njit(nogil=True, cache=True, inline="always")
 def _q4k_sums(lo, hi, s_lo, s_hi, mins, bs_pairs, p, dw, dm, dx, a, am, vnni):
     """One chunk's integer sums of one token into its float chains (acc a, mins am); the
-    sub-blocks' sums times their scales (_scale_lanes) by vpmaddwd, or vpmulld with vnni."""
+    sub-blocks' sums times their scales (q4k_x8.scale_lanes) by vpmaddwd, or vpmulld with vnni."""
     if vnni:
         i = add32(mul32(lo, s_lo), mul32(hi, s_hi))
     else:
@@ -301,42 +235,28 @@ def _q4k_gemm_fours(x8, base, b, nsb, n_in, xq, dk, bs_pairs, t0, t_end, scg, mi
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni, amx, xu, bufs):
+def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni):
     """Every token against the 8 rows of group g: acc / accm (n_tok * 8,) float32 get the
     float chains of llama.cpp's repacked Q4_K product. ggml (repack.cpp forward_mul_mat_one_chunk)
     multiplies a batch's tokens in fours with ggml_gemm_q4_K_8x8_q8_K, which adds each 64-element
     chunk's integer into the float sums, and the last n % 4 tokens (every token of a batch of
     3 or fewer) with ggml_gemv_q4_K_8x8_q8_K, which adds once per super-block. The fours'
-    integers come from vpmaddubsw, vpdpbusd (vnni) or AMX tiles (amx: kquants_amx.q4k_gemm_amx, with xu
-    and bufs); the same integers in every case, so the same floats."""
-    m6 = splat32(0x3F3F3F3F)
-    m4 = splat32(0x0F0F0F0F)
-    m2 = splat32(0x03030303)
+    integers come from vpmaddubsw or vpdpbusd (vnni): the same integers, so the same floats.
+    (On AMX, kquants_amx.q4k_pair_amx takes batches of 16+ tokens instead, in the gemv chain.)"""
     for b in range(nsb):
         base = (g * nsb + b) * Q4K_X8_BYTES
         for ahead in range(0, Q4K_X8_BYTES, 64):
             prefetch(x8, base + PREFETCH_AHEAD + ahead)
         dw = load_f16x8(x8, base)
         dm = load_f16x8(x8, base + 16)
-        u0 = load256(x8, base + 32)
-        u1 = load256(x8, base + 64)
-        u2 = load256(x8, base + 96)
-        # get_scale_min_k4 on whole words (repack.cpp's utmp): scales 0-3, 4-7, mins 0-3, 4-7
-        s_lo = vand(u0, m6)
-        s_hi = vor(vand(u2, m4), sll32(vand(srl32(u0, 6), m2), 4))
-        n_lo = vand(u1, m6)
-        n_hi = vor(vand(srl32(u2, 4), m4), sll32(vand(srl32(u1, 6), m2), 4))
+        s_lo, s_hi, n_lo, n_hi = scale_words(x8, base)
         mins = (_bytes_as_halves(n_lo, 0), _bytes_as_halves(n_lo, 1),
                 _bytes_as_halves(n_hi, 0), _bytes_as_halves(n_hi, 1))
-        sc = _scales8(s_lo, s_hi, False)     # for gemv's 16-bit sums
-        scg = _scales8(s_lo, s_hi, vnni or amx)     # for gemm's
+        sc = scales8(s_lo, s_hi, False)     # for gemv's 16-bit sums
         # ggml_gemm_q4_K_8x8_q8_K for the fours of tokens: one fma per 64-element chunk
-        if amx:
-            q4k_gemm_amx(x8, base, b, nsb, n_in, xu, dk, bs_pairs, t0, min(t1, n_gemm), scg, mins, dw, dm,
-                          acc, accm, bufs)
-        else:
-            _q4k_gemm_fours(x8, base, b, nsb, n_in, xq, dk, bs_pairs, t0, min(t1, n_gemm), scg, mins, dw, dm,
-                            acc, accm, vnni)
+        if t0 < n_gemm:
+            _q4k_gemm_fours(x8, base, b, nsb, n_in, xq, dk, bs_pairs, t0, min(t1, n_gemm), scales8(s_lo, s_hi, vnni),
+                            mins, dw, dm, acc, accm, vnni)
         # ggml_gemv_q4_K_8x8_q8_K for the rest: one fma per super-block
         for t in range(max(t0, n_gemm), t1):
             xbase = t * n_in + b * QK_K
@@ -352,11 +272,21 @@ def _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vn
             store8(fma8(to_f32(imin), mul8(dm, dx), load8(accm, 8 * (t - t0))), accm, 8 * (t - t0))
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _rows_out(acc, accm, width, lane0, t0, ta, tb, out, row0, n_rows):
+    """out[t, row0 + i] = acc - accm of lane lane0 + i of token t (ta <= t < tb), the
+    accumulators holding width lanes per token from token t0."""
+    for t in range(ta, tb):
+        k = width * (t - t0) + lane0
+        for i in range(n_rows):
+            out[t, row0 + i] = acc[k + i] - accm[k + i]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_q4_k_x8(x8, n_out, vnni, amx, n_chunks, x, out):
     """Q4_K weights (repack_q4_k_x8) x Q8_K activations; fours of tokens through vpdpbusd
-    with vnni, batches of 16 tokens or more on AMX tiles with amx (the same integers, faster
-    where HAS_VNNI, HAS_AMX).
+    with vnni (the same bits, faster where HAS_VNNI); with amx, batches of 16 tokens or more on
+    AMX tiles, two groups (16 rows) at a time, each token with the bits of its gemv.
 
     x8        # (groups * nsb * 1152,) uint8
     n_chunks  # runs of groups, one per thread
@@ -369,30 +299,34 @@ def matmul_q4_k_x8(x8, n_out, vnni, amx, n_chunks, x, out):
     n_groups = (n_out + ROWS_X8 - 1) // ROWS_X8
     n_gemm = n_tok - n_tok % 4
     amx = amx and n_gemm >= AMX_TOKENS
-    # Tokens in tiles whose activations (tile x n_in bytes) stay in L2 while the chunk's
-    # groups pass over them; a multiple of 4, so fours of tokens stay fours (of 16 for AMX).
+    # Tokens in passes whose activations (tile x n_in bytes) stay in L2 while the chunk's
+    # groups go over them; a multiple of 4, so fours of tokens stay fours (16 for AMX's tiles).
     step = AMX_TOKENS if amx else 4
-    tile = max(step, min(n_tok, Q4K_TILE_BYTES // n_in) // step * step)
+    fit = min(AMX_TILE_TOKENS, AMX_TILE_BYTES // n_in) if amx else Q4K_TILE_BYTES // n_in
+    tile = max(step, min(n_tok, fit) // step * step)
     xu = unsigned_acts(xq, n_tok, n_in, amx)
     for c in prange(n_chunks):
-        acc = np.empty(tile * 8, np.float32)       # (tile, 8) float32
-        accm = np.empty(tile * 8, np.float32)      # (tile, 8) float32
-        row = np.empty(8, np.float32)              # (8,) float32
-        bufs = (np.empty(2048, np.uint8), np.empty(1024, np.int32))
+        acc = np.empty(tile * 2 * ROWS_X8, np.float32)       # (tile, 8 or 16 rows) float32
+        accm = np.empty(tile * 2 * ROWS_X8, np.float32)      # (tile, 8 or 16 rows) float32
+        bufs = (np.empty(12288, np.uint8), np.empty(768, np.int32))
         if amx:
             tile_config(AMX_CONFIG)
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
         for t0 in range(0, n_tok, tile):
             t1 = min(n_tok, t0 + tile)
-            for g in range(g0, g1):
+            for g in range(g0, g1, 2 if amx else 1):
                 acc[:] = 0
                 accm[:] = 0
-                _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni, amx, xu, bufs)
-                w = min(ROWS_X8, n_out - g * ROWS_X8)
-                for t in range(t0, t1):
-                    store8(sub8(load8(acc, 8 * (t - t0)), load8(accm, 8 * (t - t0))), row, 0)
-                    for i in range(w):
-                        out[t, g * ROWS_X8 + i] = row[i]
+                if amx:
+                    # two groups a tile; a thread's last group alone is multiplied twice, its copy dropped
+                    g2 = min(g + 1, g1 - 1)
+                    q4k_pair_amx(x8, g, g2, nsb, n_in, xu, dk, t0, t1, acc, accm, bufs)
+                    for h in range(2 if g2 > g else 1):
+                        row0 = (g + h) * ROWS_X8
+                        _rows_out(acc, accm, 2 * ROWS_X8, ROWS_X8 * h, t0, t0, t1, out, row0, min(ROWS_X8, n_out - row0))
+                else:
+                    _q4k_group(x8, g, nsb, n_in, xq, dk, bs_pairs, t0, t1, n_gemm, acc, accm, vnni)
+                    _rows_out(acc, accm, ROWS_X8, 0, t0, t0, t1, out, g * ROWS_X8, min(ROWS_X8, n_out - g * ROWS_X8))
         if amx:
             tile_release()
 

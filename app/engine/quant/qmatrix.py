@@ -39,7 +39,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from gguf.gguf_reader import ReaderTensor
 
 from ..ops.f16 import f16_plane_is_plain
-from . import floats, iquants, kquants, kquants_avx2, kquants_low, legacy
+from . import floats, iquants, kquants, kquants_avx2, kquants_low, legacy, q4k_x8
 from ..model.support import WEIGHT_TYPES
 from ..ops.amx import HAS_AMX
 from ..ops.simd_int import HAS_AVX2, HAS_VNNI
@@ -65,7 +65,7 @@ assert set(_REPACK) == set(SUPPORTED), "model/support.py WEIGHT_TYPES and the ke
 # Q4_K in groups of 8 rows, Q6_K on the GGUF blocks as they are (no copy of the file's bytes).
 _AVX2_K = (Q.Q4_K, Q.Q6_K) if HAS_AVX2 else ()
 if HAS_AVX2:
-    _REPACK[Q.Q4_K] = kquants_avx2.repack_q4_k_x8
+    _REPACK[Q.Q4_K] = q4k_x8.repack_q4_k_x8
     _REPACK[Q.Q6_K] = lambda raw, n_out, n_in: {"raw": np.asarray(raw, dtype=np.uint8).reshape(-1)}
     for _qt in _AVX2_K:
         _F16_PLANES.pop(_qt)      # vcvtph2ps converts every f16 exactly: no plain/general split

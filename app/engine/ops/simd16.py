@@ -1,0 +1,202 @@
+"""16-lane vectors for the AMX kernels' steps after a tile product: ``vec16`` is an LLVM
+<16 x float> and ``vec16i`` an <16 x i32> (one zmm register on AVX-512; two ymm where the CPU
+has no AVX-512, with the same lane-wise results).
+
+Why: an AMX product of 16 weight rows leaves 16 columns of int32 sums per token, and what each
+row does with them (llama.cpp's float chain, lane by lane) is the same op for all 16 rows; one
+16-lane op per step instead of two 8-lane ones halves that work. Lanes never mix here, so every
+row's chain is the one the 8-lane kernels run: the same bits. Only generic LLVM vector IR is
+used, so these compile for any x86-64 CPU.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.datamodel import models
+from numba.extending import intrinsic, register_model
+
+from .simd import I32, elem_ptr, vec8
+from .simd_int import vec8i
+
+V16F = ir.VectorType(ir.FloatType(), 16)
+V16I = ir.VectorType(I32, 16)
+
+
+class Vec16Type(types.Type):
+    def __init__(self):
+        super().__init__(name="vec16f32")
+
+
+vec16 = Vec16Type()
+
+
+@register_model(Vec16Type)
+class _Vec16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, V16F)
+
+
+def _flat(arr, dtype) -> bool:
+    return isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 1 and arr.dtype == dtype
+
+
+@intrinsic
+def splat16(typingctx, x):
+    """A float32 scalar in all 16 lanes."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = builder.insert_element(ir.Constant(V16F, ir.Undefined), args[0], ir.Constant(I32, 0))
+        return builder.shuffle_vector(v, ir.Constant(V16F, ir.Undefined), ir.Constant(V16I, [0] * 16))
+
+    return vec16(x), codegen
+
+
+@intrinsic
+def cat8(typingctx, lo, hi):
+    """Two 8-lane float vectors as one of 16: lo in lanes 0-7, hi in 8-15."""
+    if not (lo == hi == vec8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[1], ir.Constant(V16I, list(range(16))))
+
+    return vec16(lo, hi), codegen
+
+
+@intrinsic
+def load16(typingctx, arr, i):
+    """arr[i:i+16] of a flat float32 array, or of an int32 array converted to float32
+    (vcvtdq2ps, round to nearest: exact below 2**24)."""
+    if not ((_flat(arr, types.float32) or _flat(arr, types.int32)) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        if sig.args[0].dtype == types.float32:
+            return builder.load(builder.bitcast(ptr, V16F.as_pointer()), align=4)
+        return builder.sitofp(builder.load(builder.bitcast(ptr, V16I.as_pointer()), align=4), V16F)
+
+    return vec16(arr, i), codegen
+
+
+@intrinsic
+def store16(typingctx, v, arr, i):
+    """arr[i:i+16] = v for a flat float32 array."""
+    if not (v == vec16 and _flat(arr, types.float32) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[1], args[1], [args[2]])
+        builder.store(args[0], builder.bitcast(ptr, V16F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(v, arr, i), codegen
+
+
+@intrinsic
+def fma16(typingctx, a, b, c):
+    """Lane-wise a*b + c, one rounding (vfmadd on zmm)."""
+    if not (a == b == c == vec16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16F, [V16F] * 3), "llvm.fma.v16f32")
+        return builder.call(fn, args)
+
+    return vec16(a, b, c), codegen
+
+
+@intrinsic
+def mul16(typingctx, a, b):
+    if not (a == b == vec16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+
+    return vec16(a, b), codegen
+
+
+# ---- 16 int32 lanes ------------------------------------------------------------------------
+
+class Vec16iType(types.Type):
+    def __init__(self):
+        super().__init__(name="vec16i32")
+
+
+vec16i = Vec16iType()
+
+
+@register_model(Vec16iType)
+class _Vec16iModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, V16I)
+
+
+@intrinsic
+def cat8i(typingctx, lo, hi):
+    """Two 8-lane int32 vectors as one of 16: lo in lanes 0-7, hi in 8-15."""
+    if not (lo == hi == vec8i):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[1], ir.Constant(V16I, list(range(16))))
+
+    return vec16i(lo, hi), codegen
+
+
+@intrinsic
+def load16i(typingctx, arr, i):
+    """arr[i:i+16] of a flat int32 array."""
+    if not (_flat(arr, types.int32) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
+        return builder.load(builder.bitcast(ptr, V16I.as_pointer()), align=4)
+
+    return vec16i(arr, i), codegen
+
+
+def _binary16i(op):
+    def typer(typingctx, a, b):
+        if not (a == b == vec16i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return op(builder, args[0], args[1])
+
+        return vec16i(a, b), codegen
+
+    return intrinsic(typer)
+
+
+add16i = _binary16i(lambda b, x, y: b.add(x, y))
+sub16i = _binary16i(lambda b, x, y: b.sub(x, y))
+
+
+@intrinsic
+def sll16i(typingctx, a, n):
+    """Each int32 lane shifted left by the constant n."""
+    if not (a == vec16i and isinstance(n, types.IntegerLiteral)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.shl(args[0], ir.Constant(V16I, [n.literal_value] * 16))
+
+    return vec16i(a, n), codegen
+
+
+@intrinsic
+def to_f32_16(typingctx, a):
+    """The 16 int32 lanes as float32 (vcvtdq2ps, round to nearest)."""
+    if a != vec16i:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], V16F)
+
+    return vec16(a), codegen
