@@ -177,14 +177,12 @@ def test_k_quant_logits_are_bit_exact_with_llamacpp(tiny_model, llama_cpp, arch,
     cache = model.new_cache(64)
     ours_prompt = prefill(model, cache, PROMPT, all_logits=True)
     ours_steps = np.stack([decode_one_token(model, cache, t) for t in STEPS])
-    avx2 = llamacpp_takes_the_avx2_kernels(llama_cpp)
-    if avx2 and not (HAS_AMX and qtype == Q.Q4_K):
+    amx_batches = HAS_AMX and qtype == Q.Q4_K       # the prompt (20 tokens) on eLLM's AMX path
+    if llamacpp_takes_the_avx2_kernels(llama_cpp) and not amx_batches:
         np.testing.assert_array_equal(ours_prompt, ref_prompt)
-    else:
-        assert_logits_close(ours_prompt, ref_prompt, 1e-3)
-    if avx2:
         np.testing.assert_array_equal(ours_steps, ref_steps)
     else:
+        assert_logits_close(ours_prompt, ref_prompt, 2e-4 if amx_batches else 1e-5)
         assert_logits_close(ours_steps, ref_steps, 1e-5)
 
 # ---- Chunking and the KV cache ------------------------------------------------------------------

@@ -502,7 +502,8 @@ def test_vnni_byte_products_are_the_integers_of_the_widened_form():
 def _extreme_q4_k(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K rows of nibbles 15 with scales and mins 63, and activations that Q8_K makes all
     -127 (token 0) or all 127 but one (token 1): the largest sub-block sums, |S| = 60,960,
-    and chunk integers near 7.7 M, at the edge of what the AMX path forms in float32."""
+    and super-block integers near 31 M, beyond float32's exact integers (2**24), which the
+    AMX path forms in int32 with the +128 offsets (up to 62 M) before they are rounded."""
     raw = make_raw(Q.Q4_K, n_out, n_in).reshape(n_out, n_in // 256, 144)
     raw[:, :, 4:] = 0xFF                                  # 12 scale bytes, then 128 bytes of nibbles
     x = np.ones((6, n_in), F32)
@@ -514,7 +515,7 @@ def _extreme_q4_k(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("n_tok, n_in", [(4, 512), (7, 512), (37, 512), (42, 8960), (261, 512), (-1, 512)])
 @pytest.mark.parametrize("mode", ["vnni", "amx"])
-def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mode):
+def test_q4_k_batches_on_vnni_and_amx_keep_their_chains(n_tok, n_in, mode):
     """Q4_K's fours of tokens with vnni sum each sub-block in int32 lanes (vpdpbusd) and scale
     them with vpmulld instead of vpmaddubsw's int16 pairs and vpmaddwd: the same integers and
     float ops, so every output is the same float, in fours and in the n % 4 rest. With amx,
@@ -524,7 +525,7 @@ def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mo
     float steps: every token gets the bits it gets alone (matmul of one token, the gemv), in
     tiles of 16 and their partial last one, across the token tiles of a wide input and of a long
     batch (261: passes of 256 tokens, then 5), in a thread's last group alone and a last group
-    of 4 rows (44 rows) and at the largest sums
+    of 4 rows (44 rows: alone, or second in a pair) and at the largest sums
     (n_tok -1: _extreme_q4_k). QMatrix takes them where the CPU has them."""
     from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2
@@ -543,10 +544,11 @@ def test_q4_k_batches_through_vnni_and_amx_equal_the_avx2_kernel(n_tok, n_in, mo
     alone = np.empty((n_tok, 44), F32)                    # each token alone: the gemv chain
     for t in range(n_tok):
         kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, False, False, 2, x[t:t + 1], alone[t:t + 1])
-    got = np.empty((n_tok, 44), F32)
-    kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, True, mode == "amx", 2, x, got)
     on_amx = n_tok >= kquants_avx2.AMX_TOKENS
-    np.testing.assert_array_equal(got, alone if mode == "amx" and on_amx else avx2)
+    for n_chunks in (1, 2):       # 1: the 4-row last group is the second of a pair; 2: alone
+        got = np.empty((n_tok, 44), F32)
+        kquants_avx2.matmul_q4_k_x8(m.planes["x8"], 44, True, mode == "amx", n_chunks, x, got)
+        np.testing.assert_array_equal(got, alone if mode == "amx" and on_amx else avx2)
     np.testing.assert_array_equal(m.matmul(x), alone if HAS_AMX and on_amx else avx2)
 
 

@@ -1,5 +1,6 @@
 """Q4_K and Q6_K products with AVX2's byte multiply-adds, equal bit for bit to what llama.cpp
-computes for the same weights on an AVX2 machine.
+computes for the same weights on an AVX2 machine (where the CPU has AMX, Q4_K's batches of 16+
+tokens go to quant/kquants_amx.py instead, with each token's gemv bits).
 
 These two formats carry almost all of a Q4_K_M model's bytes (Qwen2.5-1.5B: 0.77 GB Q4_K,
 0.31 GB Q6_K), and a decode step reads every one of them, so their kernels decide the speed.
