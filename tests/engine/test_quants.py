@@ -503,7 +503,7 @@ def _extreme_q4_k(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K rows of nibbles 15 with scales and mins 63, and activations that Q8_K makes all
     -127 (token 0) or all 127 but one (token 1): the largest sub-block sums, |S| = 60,960,
     and super-block integers near 31 M, beyond float32's exact integers (2**24), which the
-    AMX path forms in int32 with the +128 offsets (up to 62 M) before they are rounded."""
+    AMX path forms in int32 (C_l + 8 C_h) before they are rounded."""
     raw = make_raw(Q.Q4_K, n_out, n_in).reshape(n_out, n_in // 256, 144)
     raw[:, :, 4:] = 0xFF                                  # 12 scale bytes, then 128 bytes of nibbles
     x = np.ones((6, n_in), F32)
@@ -554,20 +554,21 @@ def test_q4_k_batches_on_vnni_and_amx_keep_their_chains(n_tok, n_in, mode):
 
 @pytest.mark.parametrize("n_tok, n_in", [(16, 512), (37, 512), (40, 8960), (-1, 512)])
 def test_q6_k_batches_on_amx_equal_the_avx2_kernel(n_tok, n_in):
-    """With amx, a batch's whole tiles of 16 tokens multiply Q6_K's 6-bit weights (16 rows by
-    a sub-block of 16, the A tile) by the tokens' packed activations in one tdpbusd, the C tile
-    starting at -32 bsum, then scale whole rows of C in int32: the same per-block integers as
-    llama.cpp's tiled kernel, so the same floats; the tokens past the last whole tile take the
-    AVX2 path. n_tok -1: the largest sums (weights 0, i.e. q - 32 = -32, scales -128,
-    activations all -127)."""
+    """With amx, a batch's whole tiles of 16 tokens multiply 16 rows' weights, each sub-block's
+    scale folded in through its three balanced base-7 digits (three signed tiles), by the
+    tokens' packed activations (tdpbssd): the same per-block integers as llama.cpp's tiled
+    kernel, so the same floats; the tokens past the last whole tile take the AVX2 path. Every
+    scale byte occurs (rows 20..39); 40 rows in 2 chunks: a last group of 4 rows. n_tok -1: the
+    largest sums (weights 0, i.e. q - 32 = -32, scales -128, activations all -127)."""
     from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2
     from app.engine.quant import kquants_avx2
     if not (HAS_AVX2 and HAS_AMX):
         pytest.skip("AMX only")
     raw = make_raw(Q.Q6_K, 40, n_in, seed=abs(n_tok))
+    blocks = raw.reshape(40, n_in // 256, 210)
+    blocks[20:, 0, 192:208] = np.arange(256, dtype=np.uint8).reshape(16, 16)[np.arange(20) % 16]
     if n_tok < 0:
-        blocks = raw.reshape(40, n_in // 256, 210)
         blocks[:20, :, :192] = 0                          # ql, qh: every q = 0
         blocks[:20, :, 192:208] = 0x80                    # every scale -128
         x = np.concatenate([np.ones((16, n_in), F32), make_acts(8, n_in, seed=2)])
@@ -592,39 +593,73 @@ def test_batch_activations_quantized_by_all_threads_equal_the_serial_ones():
     got = kquants_avx2.q8_k_acts(x)
     serial = [np.empty_like(a) for a in got]
     kquants_avx2.quantize_acts(x, *serial)
-    for a, b in zip(got, serial):
+    n = x.size                               # xq: then 16 rows of zeros for a last partial AMX tile
+    np.testing.assert_array_equal(got[0][:n], serial[0][:n])
+    assert got[0].size == n + 16 * x.shape[1] and not got[0][n:].any()
+    for a, b in zip(got[1:], serial[1:]):
         np.testing.assert_array_equal(a, b)
 
 
-def test_amx_tile_product_is_the_integer_matrix_product():
-    """tile_dpbusd: C (16 x 16 int32) += A (16 x 32 unsigned bytes) . B (32 x 16 signed bytes,
-    packed 4 rows to a row of 64 bytes), exactly, at the extremes of both byte ranges."""
+@pytest.mark.parametrize("signed_a", [False, True], ids=["tdpbusd", "tdpbssd"])
+def test_amx_tile_product_is_the_integer_matrix_product(signed_a):
+    """tile_dpbusd / tile_dpbssd: C (16 x 16 int32) += A (16 x 32 unsigned / signed bytes) .
+    B (32 x 16 signed bytes, packed 4 rows to a row of 64 bytes), exactly, at the extremes of
+    both byte ranges."""
     from numba import njit
 
-    from app.engine.ops.amx import (HAS_AMX, tile_config, tile_dpbusd, tile_load, tile_release, tile_shapes,
-                                    tile_store, tile_zero)
+    from app.engine.ops.amx import (HAS_AMX, tile_config, tile_dpbssd, tile_dpbusd, tile_load, tile_release,
+                                    tile_shapes, tile_store, tile_zero)
     if not HAS_AMX:
         pytest.skip("AMX only")
 
     @njit
-    def product(cfg, a, b, c):
+    def product(cfg, a, b, c, signed):
         tile_config(cfg)
         tile_zero(0)
         tile_load(1, a, 0, 32)
         tile_load(2, b, 0, 64)
-        tile_dpbusd(0, 1, 2)
+        if signed:
+            tile_dpbssd(0, 1, 2)
+        else:
+            tile_dpbusd(0, 1, 2)
         tile_store(0, c, 0, 64)
         tile_release()
 
     rng = np.random.default_rng(4)
-    a = rng.integers(0, 256, (16, 32)).astype(np.uint8)
+    a = rng.integers(-128, 128, (16, 32)).astype(np.int8) if signed_a else rng.integers(0, 256, (16, 32)).astype(np.uint8)
     b = rng.integers(-128, 128, (32, 16)).astype(np.int8)
-    a[0], b[:, 0] = 255, -128
+    a[0], b[:, 0] = (-128 if signed_a else 255), -128
     packed = b.reshape(8, 4, 16).transpose(0, 2, 1).reshape(8, 64).copy()
     c = np.zeros((16, 16), np.int32)
     product(tile_shapes(np.array([[16, 64], [16, 32], [8, 64]], np.int64)), a.reshape(-1), packed.reshape(-1),
-            c.reshape(-1))
+            c.reshape(-1), signed_a)
     np.testing.assert_array_equal(c, a.astype(np.int32) @ b.astype(np.int32))
+
+
+def test_q6_k_scales_in_balanced_base_7_give_back_every_scale():
+    """scale_digits: each of the 256 int8 scales is s0 + 7 s1 + 49 s2 with digits in -3..3, so
+    a digit times q - 32 (-32..31) stays a signed byte, as the AMX kernel's weight tiles need."""
+    from numba import njit
+
+    from app.engine.ops.simd_int import HAS_AVX2, store256
+    from app.engine.quant.q6k_blocks import Q6K_BYTES, scale_digits
+    if not HAS_AVX2:
+        pytest.skip("AVX2 only")
+
+    @njit
+    def digits(raw, out):
+        for i in range(16):
+            d = scale_digits(raw, i * Q6K_BYTES)
+            for k in range(3):
+                store256(d[k], out, (3 * i + k) * 8)
+
+    raw = np.zeros((16, Q6K_BYTES), np.uint8)
+    raw[:, 192:208] = np.arange(256, dtype=np.uint8).reshape(16, 16)     # every scale byte once
+    out = np.empty(16 * 3 * 8, np.int32)                 # 16 int16 lanes a vector
+    digits(raw.reshape(-1), out)
+    d = out.view(np.int16).reshape(16, 3, 16).transpose(1, 0, 2).reshape(3, 256).astype(np.int32)    # (digit, scale)
+    assert np.abs(d).max() <= 3
+    np.testing.assert_array_equal(d[0] + 7 * d[1] + 49 * d[2], np.arange(256, dtype=np.uint8).view(np.int8))
 
 
 def test_real_shapes_of_smollm2():

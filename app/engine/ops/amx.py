@@ -1,8 +1,8 @@
 """Intel AMX tiles for the engine's numba kernels: int8 matrix products of tiles of up to 16
 rows of 64 bytes in one instruction (Sapphire Rapids and later), through LLVM's AMX intrinsics.
 
-An AMX unit multiplies an A tile (up to 16 rows of 64 unsigned bytes) by a B tile (rows of 4
-signed bytes per output column, "VNNI-packed") into a C tile of int32 sums, exactly: the same
+An AMX unit multiplies an A tile (up to 16 rows of 64 bytes) by a B tile (rows of 4 bytes per
+output column, "VNNI-packed") into a C tile of int32 sums, exactly: the same
 integers as any other order of the byte products. The tiles are eight registers (tmm0-7)
 whose shapes a 64-byte configuration sets (``tile_config``; Intel SDM vol. 1 ch. 3.4, "Intel
 AMX"). Linux gives a process the tile state only when it asks (arch_prctl
@@ -137,18 +137,24 @@ def tile_zero(typingctx, t):
     return types.none(t), codegen
 
 
-@intrinsic
-def tile_dpbusd(typingctx, c, a, b):
-    """Tile c += tile a (unsigned bytes) x tile b (signed bytes, 4 per column and row), in
-    int32 (tdpbusd: each C[m, n] gains sum_k A[m, 4k + j] * B[k, 4n + j])."""
-    if not _literal(c, a, b):
-        return None
+def _dot_product(name):
+    def typer(typingctx, c, a, b):
+        if not _literal(c, a, b):
+            return None
 
-    def codegen(context, builder, sig, args):
-        _call(builder, "llvm.x86.tdpbusd", [I8, I8, I8], [ir.Constant(I8, t.literal_value) for t in sig.args])
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            _call(builder, name, [I8, I8, I8], [ir.Constant(I8, t.literal_value) for t in sig.args])
+            return context.get_dummy_value()
 
-    return types.none(c, a, b), codegen
+        return types.none(c, a, b), codegen
+
+    return intrinsic(typer)
+
+
+# Tile c += tile a x tile b in int32: each C[m, n] gains sum_k A[m, 4k + j] * B[k, 4n + j]
+# (B holds 4 bytes per output column and row); the bytes of A and B are
+tile_dpbusd = _dot_product("llvm.x86.tdpbusd")   # unsigned and signed (tdpbusd)
+tile_dpbssd = _dot_product("llvm.x86.tdpbssd")   # both signed (tdpbssd)
 
 
 def tile_shapes(shapes) -> np.ndarray:

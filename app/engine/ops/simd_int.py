@@ -233,6 +233,8 @@ vor = _binary(lambda b, x, y: b.or_(x, y))
 add32 = _binary(lambda b, x, y: b.add(x, y))
 sub32 = _binary(lambda b, x, y: b.sub(x, y))
 add16 = _binary(lambda b, x, y: b.bitcast(b.add(b.bitcast(x, V16I16), b.bitcast(y, V16I16)), V8I))
+sub16 = _binary(lambda b, x, y: b.bitcast(b.sub(b.bitcast(x, V16I16), b.bitcast(y, V16I16)), V8I))
+sub8i = _binary(lambda b, x, y: b.bitcast(b.sub(b.bitcast(x, V32I8), b.bitcast(y, V32I8)), V8I))  # vpsubb (wrapping)
 mullo16 = _binary(lambda b, x, y: b.bitcast(b.mul(b.bitcast(x, V16I16), b.bitcast(y, V16I16)), V8I))  # vpmullw
 mul32 = _binary(lambda b, x, y: b.mul(x, y))    # low 32 bits of each lane's product (vpmulld)
 
@@ -271,6 +273,23 @@ def _x86(name, ret, arg):
 
 maddubs = _x86("llvm.x86.avx2.pmadd.ub.sw", V16I16, V32I8)  # (u8 a) x (i8 b) -> i16 pairs, saturating
 madd16 = _x86("llvm.x86.avx2.pmadd.wd", V8I, V16I16)        # i16 x i16 -> i32 pairs
+mulhu16 = _x86("llvm.x86.avx2.pmulhu.w", V16I16, V16I16)    # high 16 bits of u16 x u16 (vpmulhuw)
+
+
+@intrinsic
+def spread16(typingctx, a, p):
+    """16-bit lane 2p of a in lanes 0..7 and lane 2p + 1 in lanes 8..15 (p a constant < 8):
+    one value for each 16-byte half, e.g. a sub-block's factor for its 16 bytes."""
+    if not (a == vec8i and isinstance(p, types.IntegerLiteral) and 0 <= p.literal_value < 8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        q = 2 * sig.args[1].literal_value
+        v = builder.bitcast(args[0], V16I16)
+        mask = ir.Constant(ir.VectorType(I32, 16), [q] * 8 + [q + 1] * 8)
+        return builder.bitcast(builder.shuffle_vector(v, ir.Constant(V16I16, ir.Undefined), mask), V8I)
+
+    return vec8i(a, p), codegen
 
 
 def _dpbusd_widened(builder, acc, a, b):

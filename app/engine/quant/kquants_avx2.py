@@ -42,10 +42,10 @@ from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, loa
                             to_f32, vand, vor, zero8i)
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
-from .kquants_amx import (AMX_CONFIG, AMX_TOKENS, Q6K_AMX_CONFIG, Q6K_BYTES, q4k_pair_amx, q6k_pack_acts, q6k_rows_amx,
-                          unsigned_acts)
+from .kquants_amx import AMX_CONFIG, AMX_TOKENS, q4k_pair_amx, q6k_pack_acts, q6k_rows_amx
 from .layout import chunk_groups
 from .q4k_x8 import Q4K_X8_BYTES, ROWS_X8, scale_words, scales8
+from .q6k_blocks import Q6K_BYTES, q6k_weights
 
 QK_K = 256
 TILED_MIN_BATCH = 8              # ggml-cpu tiled/tiled.cpp ggml_tiled_min_batch
@@ -84,11 +84,14 @@ def quantize_acts(x, xq, dk, bs_pairs, bs16):
 
 @njit(nogil=True, cache=True)
 def q8_k_acts(x):
-    """x (n_tok, n_in) float32 -> (xq, dk, bs_pairs, bs16) of quantize_acts, freshly made."""
+    """x (n_tok, n_in) float32 -> (xq, dk, bs_pairs, bs16) of quantize_acts, freshly made;
+    xq ((n_tok + 16) * n_in,) with 16 rows of zeros after the tokens, which the last partial
+    tile of an AMX product reads (kquants_amx.q4k_pair_amx)."""
     n_tok, n_in = x.shape
     nsb = n_in // QK_K
-    acts = (np.empty(n_tok * n_in, np.int8), np.empty((n_tok, nsb), np.float32),
+    acts = (np.empty((n_tok + AMX_TOKENS) * n_in, np.int8), np.empty((n_tok, nsb), np.float32),
             np.empty(n_tok * nsb * 4, np.int32), np.empty(n_tok * nsb * 16, np.int16))
+    acts[0][n_tok * n_in:] = 0
     if n_tok >= PARALLEL_ACTS:
         _quantize_acts_parallel(x, *acts)
     else:
@@ -305,7 +308,6 @@ def matmul_q4_k_x8(x8, n_out, vnni, amx, n_chunks, x, out):
     step = AMX_TOKENS if amx else 4
     fit = min(AMX_TILE_TOKENS, AMX_TILE_BYTES // n_in) if amx else Q4K_TILE_BYTES // n_in
     tile = max(step, min(n_tok, fit) // step * step)
-    xu = unsigned_acts(xq, n_tok, n_in, amx)
     for c in prange(n_chunks):
         acc = np.empty(tile * 2 * ROWS_X8, np.float32)       # (tile, 8 or 16 rows) float32
         accm = np.empty(tile * 2 * ROWS_X8, np.float32)      # (tile, 8 or 16 rows) float32
@@ -321,7 +323,7 @@ def matmul_q4_k_x8(x8, n_out, vnni, amx, n_chunks, x, out):
                 if amx:
                     # two groups a tile; a thread's last group alone is multiplied twice, its copy dropped
                     g2 = min(g + 1, g1 - 1)
-                    q4k_pair_amx(x8, g, g2, nsb, n_in, xu, dk, t0, t1, acc, accm, bufs)
+                    q4k_pair_amx(x8, g, g2, nsb, n_in, xq, dk, t0, t1, acc, accm, bufs)
                     for h in range(2 if g2 > g else 1):
                         row0 = (g + h) * ROWS_X8
                         _rows_out(acc, accm, 2 * ROWS_X8, ROWS_X8 * h, t0, t0, t1, out, row0, min(ROWS_X8, n_out - row0))
@@ -370,20 +372,10 @@ def rows_q4_k_x8(x8, n_out, ids, out):
 
 @njit(nogil=True, cache=True)
 def _q6_unpack(raw, blk, j):
-    """The 6-bit weights of half j of a Q6_K block as 4 byte vectors (elements 128j + 32m ..
-    + 32, as ggml_vec_dot_q6_K_q8_K's q4_0..q4_3) and their scale pairs for vpmaddwd
-    (_mm256_cvtepi8_epi16 of get_scale_shuffle)."""
-    m3 = splat32(0x03030303)
-    m12 = splat32(0x0C0C0C0C)
-    m48 = splat32(0x30303030)
-    mc0 = splat32(0xC0C0C0C0)
-    m15 = splat32(0x0F0F0F0F)
-    q1 = load256(raw, blk + 64 * j)
-    q2 = load256(raw, blk + 64 * j + 32)
-    qh = load256(raw, blk + 128 + 32 * j)
+    """The 6-bit weights of half j of a Q6_K block as 4 byte vectors (q6k_blocks.q6k_weights)
+    and their scale pairs for vpmaddwd (_mm256_cvtepi8_epi16 of get_scale_shuffle)."""
     s = blk + 192 + 8 * j
-    return ((vor(vand(q1, m15), sll32(vand(qh, m3), 4)), vor(vand(q2, m15), sll32(vand(qh, m12), 2)),
-             vor(vand(srl32(q1, 4), m15), vand(qh, m48)), vor(vand(srl32(q2, 4), m15), srl32(vand(qh, mc0), 2))),
+    return (q6k_weights(raw, blk, j),
             (scale_halves(raw, s), scale_halves(raw, s + 2), scale_halves(raw, s + 4), scale_halves(raw, s + 6)))
 
 
@@ -420,6 +412,7 @@ def _q6_row(raw, blk0, nsb, n_in, xq, t, dk, bs16):
     return hsum8(acc)
 
 
+Q6K_AMX_TOKENS = 512  # tokens of a pass of matmul_q6_k_rows' AMX tiles
 Q6K_TOKEN_TILE = 32   # tokens whose Q8_K activations (32 x n_in bytes) one pass of rows reuses
 
 
@@ -460,7 +453,10 @@ def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, dk_t, bs16, t0, t1, acc):
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_q6_k_rows(raw, n_out, amx, n_chunks, x, out):
     """Q6_K weights (GGUF rows, flat) x Q8_K activations; with amx, batches' whole tiles of 16
-    tokens on AMX tiles (kquants_amx.q6k_rows_amx: the same integers and floats).
+    tokens on AMX tiles, 16 rows at a time (kquants_amx.q6k_rows_amx: the same integers and
+    floats). Measured (2 cores, 1536 x 8960, 256 tokens, same process): AVX2 79-97 ms, the
+    first AMX kernel (one 16-element sub-block a tdpbusd, its sums scaled in int32) 62 ms, this
+    one 22-27 ms.
 
     raw       # (n_out * nsb * 210,) uint8
     n_chunks  # runs of rows, one per thread
@@ -474,19 +470,25 @@ def matmul_q6_k_rows(raw, n_out, amx, n_chunks, x, out):
     # (nsb * n_tok,) float32: a block's scales of every token, for the batch paths only
     dk_t = np.ascontiguousarray(dk.T).reshape(-1) if tiled else dk.reshape(-1)
     n_amx = n_tok // AMX_TOKENS * AMX_TOKENS if amx and tiled else 0
-    bact, cstart = q6k_pack_acts(xq, bs16, n_amx, n_in)
+    bact = q6k_pack_acts(xq, n_amx, n_in)
+    # AMX passes over tokens: rebuilding the weight tiles costs more here than reading the
+    # activations from L3 (passes of 112 tokens of an 8960-wide input were 1.2x slower than one of 512)
+    tile = max(AMX_TOKENS, min(n_amx, Q6K_AMX_TOKENS))
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)
         if n_amx:
-            tile_config(Q6K_AMX_CONFIG)
-            bufs = (np.empty(4096, np.uint8), np.empty(4096, np.int32), np.empty(256, np.int32),
-                    np.empty(16, np.float32), np.empty(16 * n_amx, np.float32))
-            for g in range(r0, r1, 16):
-                n_rows = min(16, r1 - g)
-                q6k_rows_amx(raw, g, n_rows, nsb, bact, cstart, dk_t, n_amx, *bufs)
-                for r in range(n_rows):
-                    for t in range(n_amx):
-                        out[t, g + r] = bufs[4][r * n_amx + t]
+            tile_config(AMX_CONFIG)
+            bufs = (np.empty(12288, np.uint8), np.empty(768, np.int32), np.empty(16, np.float32))
+            acc = np.empty(16 * tile, np.float32)           # (16 rows, tile) float32
+            for t0 in range(0, n_amx, tile):
+                t1 = min(n_amx, t0 + tile)
+                for g in range(r0, r1, 16):
+                    n_rows = min(16, r1 - g)
+                    acc[:] = 0
+                    q6k_rows_amx(raw, g, n_rows, nsb, bact, dk_t, t0, t1, acc, bufs)
+                    for t in range(t0, t1):
+                        for r in range(n_rows):
+                            out[t, g + r] = acc[r * (t1 - t0) + t - t0]
             tile_release()
         if tiled:
             # Tokens in tiles whose activations stay in L2 while the chunk's rows pass over
