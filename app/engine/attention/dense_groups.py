@@ -11,28 +11,12 @@ from numba import njit, prange
 
 from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8_2d, splat8, store8_2d, zero8
-from .ggml_lanes import reduce4x8, reduce_lanes8, reduce_lanes32, softmax
+from .ggml_lanes import dot_main, reduce_lanes8, reduce_lanes32, softmax
 
 # ---- One query token (decode) -----------------------------------------------------------------
 
 
 KEY_BLOCK = 64   # key rows converted to f32 at a time (32 KiB at HD 128: they stay in L1)
-
-
-@njit(inline="always")
-def _dot_rows(kf, i, q16, g):
-    """kf[i] . q16[g] with ggml_vec_dot_f16's lanes (``vec_dot_f16``: four 8-lane accumulators
-    over steps of 32, GGML_F32x8_REDUCE), kf being key rows already in f32 (exact). HD % 32 == 0."""
-    g0 = zero8()
-    g1 = zero8()
-    g2 = zero8()
-    g3 = zero8()
-    for e in range(0, q16.shape[1], 32):
-        g0 = fma8(load8_2d(kf, i, e), load8_2d(q16, g, e), g0)
-        g1 = fma8(load8_2d(kf, i, e + 8), load8_2d(q16, g, e + 8), g1)
-        g2 = fma8(load8_2d(kf, i, e + 16), load8_2d(q16, g, e + 16), g2)
-        g3 = fma8(load8_2d(kf, i, e + 24), load8_2d(q16, g, e + 24), g3)
-    return reduce4x8(g0, g1, g2, g3)
 
 
 @njit(inline="always")
@@ -53,7 +37,7 @@ def _scores_group(k, q16, n_kv, scale, s):
                 store8_2d(load8_2d(k, j0 + i, e), kf, i, e)
         for g in range(q16.shape[0]):
             for i in range(nb):
-                s[g, j0 + i] = _dot_rows(kf, i, q16, g) * scale
+                s[g, j0 + i] = dot_main(kf, i, q16, g, head_dim) * scale
 
 
 @njit(inline="always")
@@ -131,19 +115,21 @@ def heads_per_item(n_heads: int, n_kv_heads: int, n_threads: int) -> int:
 
 # ---- Two or more query tokens (prefill) -------------------------------------------------------
 
-TILE = 8   # query vectors (token, head) attended together: 8 accumulators in registers
+TILE = 8            # query vectors (token, head) attended together: 8 accumulators in registers
+TILE_GROUP = 8      # tiles of one KV head that go over each block of keys and values together
+ATTEND_BLOCK = 128  # keys a block (32 KiB of f16 rows at HD 128: in L1 while the tiles pass)
 
 
 @njit(inline="always")
-def _scores_tile(k, q16, n_kv, scale, s):
-    """s[i, j] = (K[j] . q16[i]) * scale for the TILE query vectors of a tile, each dot with
-    tinyBLAS's lanes (dense.py ``_scores_tinyblas``: one 8-lane accumulator, then hsum); each
-    8 values of key row j are converted once for the tile's 8 dots.
+def _scores_tile(k, q16, j0, j1, scale, s):
+    """s[i, j] = (K[j] . q16[i]) * scale for keys j0 .. j1 and the TILE query vectors of a
+    tile, each dot with tinyBLAS's lanes (dense.py ``_scores_tinyblas``: one 8-lane accumulator,
+    then hsum); each 8 values of key row j are converted once for the tile's 8 dots.
 
-    k  # (C, HD) uint16 f16 bits;  q16  # (TILE, HD) float32;  s  # (TILE, >= n_kv) float32
+    k  # (C, HD) uint16 f16 bits;  q16  # (TILE, HD) float32;  s  # (TILE, >= j1) float32
     """
     head_dim = q16.shape[1]
-    for j in range(n_kv):
+    for j in range(j0, j1):
         a0 = zero8()
         a1 = zero8()
         a2 = zero8()
@@ -173,27 +159,29 @@ def _scores_tile(k, q16, n_kv, scale, s):
 
 
 @njit(inline="always")
-def _values_tile(pt, v, n_kv, acc):
-    """acc[i, l] = sum over j = l, l + 8, ... of pt[j, i] * V[j], by FMA in j order: tinyBLAS's
-    8 partial sums over the cell index (dense.py ``_weighted_values`` with 8 lanes) for the
-    TILE query vectors, 8 dims at a time with their sums in registers, so each value row is
-    read once for the tile. A probability of 0 (a masked key) adds an exact zero.
+def _values_tile(pt, v, j0, j1, acc):
+    """acc[i, l] += sum over j = l, l + 8, ... in j0 .. j1 of pt[j, i] * V[j], by FMA in j
+    order: tinyBLAS's 8 partial sums over the cell index (dense.py ``_weighted_values`` with 8
+    lanes) for the TILE query vectors, 8 dims at a time with their sums in registers, so each
+    value row is read once for the tile. j0 is a multiple of 8, so that the blocks of keys
+    continue each lane's sum in order (zeros before the first). A probability of 0 (a masked
+    key) adds an exact zero.
 
-    pt  # (>= n_kv, TILE) float32, probabilities already rounded to f16, by key
-    v   # (C, HD) uint16 f16 bits;  acc  # (TILE, 8, HD) float32, overwritten
+    pt  # (>= j1, TILE) float32, probabilities already rounded to f16, by key
+    v   # (C, HD) uint16 f16 bits;  acc  # (TILE, 8, HD) float32
     """
     head_dim = v.shape[1]
     for d in range(0, head_dim, 8):
         for lane in range(8):
-            a0 = zero8()
-            a1 = zero8()
-            a2 = zero8()
-            a3 = zero8()
-            a4 = zero8()
-            a5 = zero8()
-            a6 = zero8()
-            a7 = zero8()
-            for j in range(lane, n_kv, 8):
+            a0 = load8_2d(acc[0], lane, d)
+            a1 = load8_2d(acc[1], lane, d)
+            a2 = load8_2d(acc[2], lane, d)
+            a3 = load8_2d(acc[3], lane, d)
+            a4 = load8_2d(acc[4], lane, d)
+            a5 = load8_2d(acc[5], lane, d)
+            a6 = load8_2d(acc[6], lane, d)
+            a7 = load8_2d(acc[7], lane, d)
+            for j in range(j0 + lane, j1, 8):
                 vj = load8_2d(v, j, d)
                 a0 = fma8(vj, splat8(pt[j, 0]), a0)
                 a1 = fma8(vj, splat8(pt[j, 1]), a1)
@@ -221,6 +209,12 @@ def attend_batch(q, k_bits, v_bits, layer, pos0, scale, out):
     query sees its own causal prefix; keys past it get probability 0 in the shared sweep. Needs
     HD % 8 == 0.
 
+    TILE_GROUP tiles go over the keys and values together, a block of ATTEND_BLOCK rows at a
+    time, so each row is read from memory once for the group rather than once for each tile
+    (a question of 30 tokens after a 31K-token document read each K and V row 23 times, ~20 GB
+    over the model's layers); each score is its own dot and each value sum keeps its lanes'
+    order across the blocks, so the bits are those of one sweep per tile.
+
     q  # (T, H, HD) float32;  k_bits, v_bits  # (L, KVH, C, HD) uint16;  out  # (T, H, HD) float32
     """
     n_q, n_heads, head_dim = q.shape
@@ -228,28 +222,46 @@ def attend_batch(q, k_bits, v_bits, layer, pos0, scale, out):
     group = n_heads // n_kv_heads
     per_head = n_q * group                   # query vectors of one KV head
     n_tiles = (per_head + TILE - 1) // TILE
-    for item in prange(n_kv_heads * n_tiles):
-        kvh = item // n_tiles
-        m0 = (item - kvh * n_tiles) * TILE
-        m = min(TILE, per_head - m0)
-        n_max = pos0 + (m0 + m - 1) // group + 1     # keys of the tile's last token
+    n_groups = (n_tiles + TILE_GROUP - 1) // TILE_GROUP
+    for item in prange(n_kv_heads * n_groups):
+        kvh = item // n_groups
+        first = (item - kvh * n_groups) * TILE_GROUP * TILE         # the group's first query vector
+        n_vec = min(TILE_GROUP * TILE, per_head - first)
+        n_tg = (n_vec + TILE - 1) // TILE
+        n_max = pos0 + (first + n_vec - 1) // group + 1              # keys of the group's last token
         k = k_bits[layer, kvh]  # (C, HD) uint16
         v = v_bits[layer, kvh]  # (C, HD) uint16
-        q16 = np.zeros((TILE, head_dim), dtype=np.float32)   # (TILE, HD) q rounded to f16
-        for i in range(m):
-            t = (m0 + i) // group
-            h = kvh * group + (m0 + i) % group
+        q16 = np.zeros((n_tg, TILE, head_dim), dtype=np.float32)    # (tiles, TILE, HD) q rounded to f16
+        for i in range(n_vec):
+            t = (first + i) // group
+            h = kvh * group + (first + i) % group
             for d in range(head_dim):
-                q16[i, d] = round_f16(q[t, h, d])
-        s = np.empty((TILE, n_max), dtype=np.float32)         # (TILE, n_max) scores
-        _scores_tile(k, q16, n_max, scale, s)
-        pt = np.zeros((n_max, TILE), dtype=np.float32)        # (n_max, TILE) probabilities by key
-        for i in range(m):
-            n_kv = pos0 + (m0 + i) // group + 1
-            softmax(s[i], n_kv)
+                q16[i // TILE, i % TILE, d] = round_f16(q[t, h, d])
+        s = np.empty((n_tg, TILE, n_max), dtype=np.float32)         # (tiles, TILE, n_max) scores
+        for j0 in range(0, n_max, ATTEND_BLOCK):
+            for tt in range(n_tg):
+                j1 = min(j0 + ATTEND_BLOCK, _tile_keys(tt, n_vec, first, pos0, group))
+                if j1 > j0:
+                    _scores_tile(k, q16[tt], j0, j1, scale, s[tt])
+        pt = np.zeros((n_tg, n_max, TILE), dtype=np.float32)        # (tiles, n_max, TILE) probabilities by key
+        for i in range(n_vec):
+            n_kv = pos0 + (first + i) // group + 1
+            row = s[i // TILE, i % TILE]
+            softmax(row, n_kv)
             for j in range(n_kv):
-                pt[j, i] = round_f16(s[i, j])   # V is f16, so ggml rounds the probabilities too
-        acc = np.empty((TILE, 8, head_dim), dtype=np.float32)  # (TILE, 8, HD) lane partial sums
-        _values_tile(pt, v, n_max, acc)
-        for i in range(m):
-            reduce_lanes8(acc[i], out[(m0 + i) // group, kvh * group + (m0 + i) % group])
+                pt[i // TILE, j, i % TILE] = round_f16(row[j])   # V is f16, so ggml rounds the probabilities too
+        acc = np.zeros((n_tg, TILE, 8, head_dim), dtype=np.float32)  # (tiles, TILE, 8, HD) lane partial sums
+        for j0 in range(0, n_max, ATTEND_BLOCK):
+            for tt in range(n_tg):
+                j1 = min(j0 + ATTEND_BLOCK, _tile_keys(tt, n_vec, first, pos0, group))
+                if j1 > j0:
+                    _values_tile(pt[tt], v, j0, j1, acc[tt])
+        for i in range(n_vec):
+            reduce_lanes8(acc[i // TILE, i % TILE], out[(first + i) // group, kvh * group + (first + i) % group])
+
+
+@njit(inline="always")
+def _tile_keys(tt, n_vec, first, pos0, group):
+    """Keys that tile tt of a group sees: those of its last query vector's token."""
+    last = min(TILE * (tt + 1), n_vec) - 1
+    return pos0 + (first + last) // group + 1

@@ -70,14 +70,13 @@ def reduce_lanes8(acc, out):
 
 
 @njit(inline="always")
-def vec_dot_f16(k, j, q16, g):
-    """K[j] . q16[g] with ggml_vec_dot_f16's lanes: four 8-lane accumulators over steps of 32,
-    reduced by GGML_F32x8_REDUCE; leftovers (HD % 32) added in double.
+def dot_main(k, j, q16, g, n_main):
+    """ggml_vec_dot_f16's main loop: K[j] . q16[g] over elements 0 .. n_main (a multiple of
+    32) in four 8-lane accumulators over steps of 32, reduced by GGML_F32x8_REDUCE. k's rows
+    are f16 bits, or float32 already converted from them (the same values, so the same sums).
 
-    k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32, already rounded to f16
+    k  # (C, HD) uint16 or float32;  q16  # (G, HD) float32, already rounded to f16
     """
-    head_dim = q16.shape[1]
-    n_main = head_dim - head_dim % 32
     g0 = zero8()
     g1 = zero8()
     g2 = zero8()
@@ -87,7 +86,19 @@ def vec_dot_f16(k, j, q16, g):
         g1 = fma8(load8_2d(k, j, e + 8), load8_2d(q16, g, e + 8), g1)
         g2 = fma8(load8_2d(k, j, e + 16), load8_2d(q16, g, e + 16), g2)
         g3 = fma8(load8_2d(k, j, e + 24), load8_2d(q16, g, e + 24), g3)
-    dot = np.float64(reduce4x8(g0, g1, g2, g3))
+    return reduce4x8(g0, g1, g2, g3)
+
+
+@njit(inline="always")
+def vec_dot_f16(k, j, q16, g):
+    """K[j] . q16[g] with ggml_vec_dot_f16's lanes: ``dot_main``, then the leftovers
+    (HD % 32) added in double.
+
+    k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32, already rounded to f16
+    """
+    head_dim = q16.shape[1]
+    n_main = head_dim - head_dim % 32
+    dot = np.float64(dot_main(k, j, q16, g, n_main))
     for e in range(n_main, head_dim):
         dot += f16_to_f32(k[j, e]) * q16[g, e]
     return np.float32(dot)
