@@ -295,6 +295,7 @@ def test_decode_attention_by_groups_equals_the_per_head_kernel(h, kvh, hd, pos0,
     (37, 12, 2, 128, 0),      # Qwen2.5-1.5B's heads, a chunk from the start: tiles cross tokens
     (21, 12, 2, 128, 300),    # a later chunk; the last tile is partly empty
     (30, 12, 2, 128, 700),    # a question after a document: 3 groups of tiles, 6 blocks of keys
+    (64, 4, 4, 64, 100),      # a group's tiles end on both sides of key 128: some skip a block
     (9, 4, 1, 64, 1000),      # groups of 4: two tokens a tile
     (5, 6, 6, 32, 77),        # no GQA
     (3, 15, 5, 64, 10),       # groups of 3 (8 is not a multiple)

@@ -552,13 +552,14 @@ def test_q4_k_batches_on_vnni_and_amx_keep_their_chains(n_tok, n_in, mode):
     np.testing.assert_array_equal(m.matmul(x), alone if HAS_AMX and on_amx else avx2)
 
 
-@pytest.mark.parametrize("n_tok, n_in", [(16, 512), (37, 512), (40, 8960), (-1, 512)])
+@pytest.mark.parametrize("n_tok, n_in", [(16, 512), (37, 512), (40, 8960), (530, 256), (-1, 512)])
 def test_q6_k_batches_on_amx_equal_the_avx2_kernel(n_tok, n_in):
     """With amx, a batch's whole tiles of 16 tokens multiply 16 rows' weights, each sub-block's
     scale folded in through its three balanced base-7 digits (three signed tiles), by the
     tokens' packed activations (tdpbssd): the same per-block integers as llama.cpp's tiled
     kernel, so the same floats; the tokens past the last whole tile take the AVX2 path. Every
-    scale byte occurs (rows 20..39); 40 rows in 2 chunks: a last group of 4 rows. n_tok -1: the
+    scale byte occurs (rows 20..39); 40 rows in 2 chunks: a last group of 4 rows; 530 tokens:
+    a pass of 512 tokens, one of 16 and 2 on AVX2. n_tok -1: the
     largest sums (weights 0, i.e. q - 32 = -32, scales -128, activations all -127)."""
     from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2

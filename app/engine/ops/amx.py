@@ -152,9 +152,10 @@ def _dot_product(name):
 
 
 # Tile c += tile a x tile b in int32: each C[m, n] gains sum_k A[m, 4k + j] * B[k, 4n + j]
-# (B holds 4 bytes per output column and row); the bytes of A and B are
-tile_dpbusd = _dot_product("llvm.x86.tdpbusd")   # unsigned and signed (tdpbusd)
-tile_dpbssd = _dot_product("llvm.x86.tdpbssd")   # both signed (tdpbssd)
+# (B holds 4 bytes per output column and row). tdpbusd reads A's bytes as unsigned and B's as
+# signed; tdpbssd reads both as signed.
+tile_dpbusd = _dot_product("llvm.x86.tdpbusd")
+tile_dpbssd = _dot_product("llvm.x86.tdpbssd")
 
 
 def tile_shapes(shapes) -> np.ndarray:

@@ -11,8 +11,9 @@ batch's logits there agree with these to float rounding (tests/engine/test_model
 of llama.cpp's own AMX and AVX-512 builds do. Measured here (2 cores, 512 tokens, same process):
 8960 x 1536 in 29 ms and 1536 x 8960 in 48 ms, against 72 and 94 ms through VNNI (the earlier
 AMX kernel, one group a tile and the gemm's float steps per chunk, took 55-60 and 60-65 ms).
-Q6_K (q6k_rows_amx): the same shape of tiles, its scales folded into the weights through their
-balanced base-7 digits (below).
+Q6_K (q6k_rows_amx): the same tile shapes with the roles turned (the weights are the A tiles,
+the activations the B tile), its scales folded into the weights through their balanced base-7
+digits (below).
 """
 from __future__ import annotations
 
@@ -135,8 +136,9 @@ def q4k_pair_amx(x8, g, g2, nsb, n_in, xq, dk, t0, t_end, acc, accm, bufs):
                 store16(fma16(to_f32_16(m), mul16(dm, dx), load16(accm, o)), accm, o)
 
 
-# tile configuration of q4k_pair_amx (rows, bytes): sums 16 tokens x 16 int32 (3), activations
-# 16 tokens x 64 bytes, weights 16 rows of 4 bytes for each of the 16 weight rows (3)
+# tile configuration of q4k_pair_amx and q6k_rows_amx (rows, bytes), seven tiles of 16 x 64:
+# three C tiles of 16 x 16 int32 sums, one of a chunk's activations, three of its weights (for
+# Q4_K the activations are A, 16 tokens x 64 bytes, and the weights B; for Q6_K the other way)
 AMX_CONFIG = tile_shapes([(16, 64)] * 7)
 
 
@@ -228,13 +230,13 @@ def _q6k_tiles(raw, r0, n_rows, nsb, b, wbuf, dw):
 def q6k_rows_amx(raw, r0, n_rows, nsb, bact, dk_t, t0, t_end, acc, bufs):
     """Rows r0 .. r0 + n_rows (at most 16) times tokens t0 .. t_end (whole tiles of 16): acc
     (16 rows x (t_end - t0)) float32 gets llama.cpp's tiled chain, acc = fma(d_w * float(s),
-    d_x, acc) block by block. bact: q6k_pack_acts of all n_tok tokens; dk_t (nsb * n_tok,)
+    d_x, acc) block by block. bact: q6k_pack_acts of the batch's whole tiles; dk_t (nsb * n_tok,)
     float32 their Q8_K scales by block. bufs = (weights (12288,) uint8, sums (768,) int32,
     d (16,) float32) of this thread. Tiles (AMX_CONFIG): 0, 1, 2 the sums of digits 0, 1, 2
     (16 rows x 16 tokens); 3 the activations of a chunk; 4, 5, 6 its weights x each digit."""
     wbuf, cbuf, dw = bufs
     n_tok = dk_t.shape[0] // nsb
-    n_tiles = n_tok // AMX_TOKENS
+    n_tiles = bact.shape[0] // (4096 * nsb)      # the packed tiles (n_tok // 16)
     width = t_end - t0
     for b in range(nsb):
         _q6k_tiles(raw, r0, n_rows, nsb, b, wbuf, dw)

@@ -470,7 +470,7 @@ def matmul_q6_k_rows(raw, n_out, amx, n_chunks, x, out):
     # (nsb * n_tok,) float32: a block's scales of every token, for the batch paths only
     dk_t = np.ascontiguousarray(dk.T).reshape(-1) if tiled else dk.reshape(-1)
     n_amx = n_tok // AMX_TOKENS * AMX_TOKENS if amx and tiled else 0
-    bact = q6k_pack_acts(xq, n_amx, n_in)
+    bact = q6k_pack_acts(xq, n_amx, n_in) if n_amx else np.empty(0, np.int8)   # (not for decode steps)
     # AMX passes over tokens: rebuilding the weight tiles costs more here than reading the
     # activations from L3 (passes of 112 tokens of an 8960-wide input were 1.2x slower than one of 512)
     tile = max(AMX_TOKENS, min(n_amx, Q6K_AMX_TOKENS))
