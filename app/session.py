@@ -49,7 +49,7 @@ class Session:
             raise SessionError(str(e)) from e
 
     def doc_tokens(self, doc_ids) -> int:
-        """The documents' tokens in a prompt: their text as ingestion counted it and their page
+        """The documents' tokens in a prompt: their text by this model's tokenizer and their page
         markers (qa/pages.py) — what an automatic context must hold."""
         from app.qa.pages import PAGE_MARKER_TOKENS
 
@@ -57,8 +57,29 @@ class Session:
         for i in doc_ids:
             doc = self.store.document(int(i))
             if doc:
-                total += int(doc["tokens"] or 0) + PAGE_MARKER_TOKENS * int(doc["pages"] or 0)
+                total += self.model_tokens(doc) + PAGE_MARKER_TOKENS * int(doc["pages"] or 0)
         return total
+
+    def model_tokens(self, doc: dict) -> int:
+        """The document's text in tokens of the settings' model: ingestion's count when that
+        model made it, else counted now and kept (store.token_counts). Where the model cannot
+        be opened, ingestion's count (the question then says what is wrong with the model)."""
+        from app.library.ingest import count_page_tokens
+        from app.runtime.engines import token_counter, tokenizer_key
+
+        try:
+            key = tokenizer_key(self.model_path)
+        except (SessionError, OSError):
+            return int(doc["tokens"] or 0)
+        tokens = self.store.token_count(doc["id"], doc["content_hash"], key)
+        if tokens is None:
+            try:
+                count = token_counter(self.model_path)
+            except (SessionError, ModelError):
+                return int(doc["tokens"] or 0)
+            tokens = count_page_tokens((p["text"] for p in self.store.pages(doc["id"])), count)
+            self.store.set_token_count(doc["id"], doc["content_hash"], key, tokens)
+        return tokens
 
     def chosen(self, doc_tokens: int | None = None):
         """The context, KV format and attention for ``doc_tokens`` of documents: the settings'

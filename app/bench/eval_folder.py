@@ -166,17 +166,17 @@ def run_folder_trials(cfg: EvalConfig, spec: FolderTrials, files: list[Path],
     trials = make_trials(spec, docs, folder)
     stored = ingest_documents(session, [base_dir / name for name, _ in docs], progress)
     planted = ingest_documents(session, [t.path for t in trials], progress)
-    report.documents = [{"name": name, "doc_id": row["id"], "pages": row["pages"], "tokens": row["tokens"]}
+    report.documents = [{"name": name, "doc_id": row["id"], "pages": row["pages"], "tokens": session.model_tokens(row)}
                         for (name, _), row in zip(docs, stored)]
     ids = [row["id"] for row in stored]
-    doc_tokens = max(session.doc_tokens(ids[:t.slot] + [p["id"]] + ids[t.slot + 1:]) for t, p in zip(trials, planted))
-    doc_pages = max(sum(r["pages"] for r in stored) - stored[t.slot]["pages"] + p["pages"]
-                    for t, p in zip(trials, planted))
+    # the backend is sized for the trial whose documents are the longest
+    widest = max((stored[:t.slot] + [p] + stored[t.slot + 1:] for t, p in zip(trials, planted)),
+                 key=lambda rows: session.doc_tokens([r["id"] for r in rows]))
     total = len(trials) * len(cfg.modes)
     done = 0
     for mode in cfg.modes:
         try:
-            mode_session, backend, ctx_note = open_mode(cfg, paths, mode, doc_tokens, doc_pages, count)
+            mode_session, backend, ctx_note = open_mode(cfg, paths, mode, widest, count)
         except (SessionError, ModelError, ValueError) as e:
             report.skipped.append({"mode": mode.name, "reason": str(e)})
             progress(f"{mode.name}: skipped: {e}")

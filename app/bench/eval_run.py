@@ -124,16 +124,19 @@ def base_settings(cfg: EvalConfig) -> dict:
     return {"model": str(cfg.model), "max_tokens": cfg.max_tokens, **{k: v for k, v in cfg.base.items() if v}}
 
 
-def open_mode(cfg: EvalConfig, paths: Paths, mode: EvalMode, doc_tokens: int, doc_pages: int, count):
-    """(session, backend, context note) of ``mode`` for documents of ``doc_tokens`` tokens on
-    ``doc_pages`` pages: a whole-document mode's context sized to hold them, the automatic one
-    otherwise. Raises SessionError, ModelError or ValueError when the mode cannot run here."""
-    n_ctx, ctx_note = (whole_document_context(cfg.model, doc_tokens, doc_pages, cfg.max_tokens, count)
+def open_mode(cfg: EvalConfig, paths: Paths, mode: EvalMode, docs: list[dict], count):
+    """(session, backend, context note) of ``mode`` for the stored documents ``docs`` asked
+    about together: a whole-document mode's context sized to hold them, the automatic one
+    otherwise, each from their tokens by the model's tokenizer (Session.doc_tokens, as ``ellm
+    ask`` sizes it). Raises SessionError, ModelError or ValueError when the mode cannot run here."""
+    session = Session(paths, base_settings(cfg))
+    tokens, pages = sum(session.model_tokens(d) for d in docs), sum(d["pages"] for d in docs)
+    n_ctx, ctx_note = (whole_document_context(cfg.model, tokens, pages, cfg.max_tokens, count)
                        if mode.whole_context else (None, ""))
     session = Session(paths, {**base_settings(cfg), **mode.overrides(n_ctx)})
     if n_ctx is not None and n_ctx < MIN_CONTEXT:
         raise SessionError(f"no context of at least {MIN_CONTEXT} tokens: {ctx_note}")
-    return session, session.backend(doc_tokens), ctx_note
+    return session, session.backend(session.doc_tokens([d["id"] for d in docs])), ctx_note
 
 
 def verdict(r: dict, reading: str) -> str:
@@ -194,14 +197,14 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
     count = session.token_counter()
     for doc, row in zip(questions.documents, stored):
         report.documents.append({"name": doc.name, "package": doc.package, "version": doc.version,
-                                 "doc_id": row["id"], "pages": row["pages"], "tokens": row["tokens"],
+                                 "doc_id": row["id"], "pages": row["pages"], "tokens": session.model_tokens(row),
                                  "questions": len(doc.questions)})
     total = questions.n_questions * len(cfg.modes)
     done = 0
     for mode in cfg.modes:
         for doc, row in zip(questions.documents, stored):
             try:
-                mode_session, backend, ctx_note = open_mode(cfg, paths, mode, row["tokens"], row["pages"], count)
+                mode_session, backend, ctx_note = open_mode(cfg, paths, mode, [row], count)
             except (SessionError, ModelError, ValueError) as e:
                 report.skipped.append({"mode": mode.name, "document": doc.name, "reason": str(e)})
                 progress(f"{mode.name}: {doc.name}: skipped: {e}")

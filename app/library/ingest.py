@@ -189,14 +189,19 @@ def chunk_page(text: str, limit: int = CHUNK_CHARS) -> list[tuple[int, int]]:
 
 
 def count_document_tokens(document: docs.Document, count_tokens: TokenCounter) -> int:
-    """Tokens of ``document.text``, counted in slices of whole pages of about
+    """Tokens of ``document.text`` (count_page_tokens over its pages)."""
+    return count_page_tokens((page.text for page in document.pages), count_tokens)
+
+
+def count_page_tokens(texts: Iterable[str], count_tokens: TokenCounter) -> int:
+    """Tokens of pages' texts joined as a document's, counted in slices of whole pages of about
     TOKEN_COUNT_CHARS so memory stays bounded. A document shorter than a slice is
     counted in one call, exactly; a longer one may differ by the few tokens that a
     page separator merges with at the cut."""
     total, batch, size = 0, [], 0
-    for page in document.pages:
-        batch.append(page.text)
-        size += len(page.text)
+    for text in texts:
+        batch.append(text)
+        size += len(text)
         if size >= TOKEN_COUNT_CHARS:
             total += count_tokens(docs.PAGE_SEPARATOR.join(batch))
             batch, size = [], 0
@@ -349,6 +354,9 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
     record = dict(base, **meta, format=document.format, title=document.title, author=document.author,
                   pages=document.page_count, tokens=tokens, status="ingested", error=None, ingested_at=now())
     doc_id = store.save_document(record, pages, chunks)
+    tokenizer = getattr(count_tokens, "tokenizer", None)
+    if tokenizer:                  # the count is this model's: a question with another recounts
+        store.set_token_count(doc_id, digest, tokenizer, tokens)
     status = "ingested" if old is None or old["status"] != "ingested" else "updated"
     return IngestEvent(index, total, path, status, "", doc_id, document.title, document.page_count, tokens,
                        len(document.ocr_pages))

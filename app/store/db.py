@@ -187,6 +187,18 @@ class Store:
             self.conn.executemany("UPDATE documents SET status = ?, error = ?, updated_at = ? WHERE id = ?",
                                   [(status, error, now(), i) for i in doc_ids])
 
+    def token_count(self, doc_id: int, content_hash: str, tokenizer: str) -> int | None:
+        """The document's tokens by ``tokenizer`` (a model's, engines.tokenizer_key) for this
+        content, or None when they were never counted."""
+        rows = self.query("SELECT tokens FROM token_counts WHERE doc_id = ? AND content_hash = ? AND tokenizer = ?",
+                          [doc_id, content_hash or "", tokenizer])
+        return int(rows[0]["tokens"]) if rows else None
+
+    def set_token_count(self, doc_id: int, content_hash: str, tokenizer: str, tokens: int) -> None:
+        with self.transaction():
+            self.conn.execute("INSERT OR REPLACE INTO token_counts (doc_id, content_hash, tokenizer, tokens)"
+                              " VALUES (?, ?, ?, ?)", [doc_id, content_hash or "", tokenizer, int(tokens)])
+
     def pages(self, doc_id: int) -> list[dict]:
         return self.query("SELECT number, start, text FROM pages WHERE doc_id = ? ORDER BY number", [doc_id])
 

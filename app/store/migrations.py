@@ -221,6 +221,25 @@ def _v7_page_sources(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v8_token_counts(conn: sqlite3.Connection) -> None:
+    """A document's tokens by each model's tokenizer: ingestion counts with the model of the
+    moment, and a question asked with another model sizes its automatic context by that
+    model's count (Qwen2.5 and SmolLM2 differ by 7 % on the R FAQ: enough to push a document
+    out of the trained window). Keyed by the text's content hash, so a changed file is counted
+    anew."""
+    _script(conn,
+        """
+        CREATE TABLE token_counts (
+            doc_id INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+            content_hash TEXT NOT NULL,
+            tokenizer TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            PRIMARY KEY (doc_id, content_hash, tokenizer)
+        );
+        """
+    )
+
+
 # Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_documents,
@@ -230,6 +249,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v5_summary_keys,
     _v6_batches,
     _v7_page_sources,
+    _v8_token_counts,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,6 +1,8 @@
 """Questions across a folder: document caches side by side, one generation."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from app.runtime import engines as backends
@@ -119,3 +121,39 @@ def test_with_the_defaults_a_question_across_eight_documents_reads_every_one(tmp
         assert (a.citations[0]["doc"], a.citations[0]["page"]) == (holder, 2)
     finally:
         backends._cache.clear()
+
+
+def test_the_automatic_context_counts_documents_by_the_asked_models_tokenizer(tmp_path, cli, data_dir,
+                                                                               monkeypatch):
+    """Ingestion counts a document's tokens with the model of the moment and keeps that count
+    as that model's; asked with another model, the session counts the text with that model's
+    tokenizer once, keeps it, and sizes the automatic context by it."""
+    make_pdf(tmp_path / "minutes.pdf", [FILLER, FILLER + FACT], title="Minutes")
+    assert cli("ingest", str(tmp_path / "minutes.pdf"))[0] == 0
+    s = Session(Paths.resolve(data_dir))
+    doc = s.store.documents()[0]
+    first = backends.tokenizer_key(s.model_path)
+    assert s.store.token_count(doc["id"], doc["content_hash"], first) == doc["tokens"] > 0
+    assert s.doc_tokens([doc["id"]]) == doc["tokens"] + 2 * 8             # and the page markers
+
+    other = tmp_path / "other.gguf"                   # another model file: another tokenizer key
+    shutil.copyfile(s.model_path, other)
+    calls = []
+
+    def by_characters(path):
+        def count(text):
+            calls.append(len(text))
+            return len(text)
+        count.tokenizer = backends.tokenizer_key(path)
+        return count
+
+    monkeypatch.setattr(backends, "token_counter", by_characters)
+    s.save_settings(s.settings.with_(model=str(other)))
+    s = Session(Paths.resolve(data_dir))
+    chars = sum(len(p["text"]) for p in s.store.pages(doc["id"])) + 2      # the "\n\n" between the two pages
+    assert chars > 2 * doc["tokens"]
+    assert s.doc_tokens([doc["id"]]) == chars + 2 * 8
+    assert s.store.token_count(doc["id"], doc["content_hash"], backends.tokenizer_key(other)) == chars
+    n = len(calls)
+    assert s.doc_tokens([doc["id"]]) == chars + 2 * 8 and len(calls) == n   # kept, not counted again
+    assert s.chosen(s.doc_tokens([doc["id"]])).wanted >= chars

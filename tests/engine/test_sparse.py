@@ -281,3 +281,110 @@ def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys, s
     p = np.exp(s - s.max(axis=1, keepdims=True))
     want = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+def _bf16_value(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_bfloat16_pairs_hold_f16_exactly_and_float32_to_17_bits():
+    """products_amx's split: hi + lo is an f16 value exactly (11 significand bits) and any
+    float32 within 2^-16 of itself, where one bfloat16 alone is off by up to 2^-7."""
+    from app.engine.attention import products_amx
+    rng = np.random.default_rng(4)
+    x16 = (rng.standard_normal(4096) * 30).astype(np.float16).astype(np.float32)
+    x32 = (rng.standard_normal(4096) * np.exp(rng.uniform(-20, 20, 4096))).astype(np.float32)
+    for x, bound in ((x16, 0.0), (x32, 2.0 ** -16)):
+        hi, lo = products_amx.pack_queries(x.reshape(-1, 32), 2)
+        got = _bf16_value(hi) + _bf16_value(lo)
+        assert np.all(np.abs(got - x) <= bound * np.abs(x))
+    assert (np.abs(_bf16_value(hi) - x32) > 2.0 ** -10 * np.abs(x32)).any()
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("n_tok,group,n_keys,n_parts", [(50, 3, 2600, 2), (6, 6, 300, 2), (130, 1, 1100, 3),
+                                                        (40, 6, 9000, 2), (33, 1, 70, 2)])
+def test_amx_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys, n_parts, hd):
+    """The prefill's products on AMX tiles (attention/products_amx.py: bfloat16 pairs, three
+    tile products each) against float64 numpy, to the split's precision (1e-5 of the scale
+    here; bfloat16 alone is a hundred times further off): query rows not a multiple of the
+    32-row blocks, keys not a multiple of 32 and at scattered positions, runs of several
+    256-key tiles, a thread whose keys some queries cannot see, blocks the causal mask skips."""
+    from app.engine.attention import products_amx
+    from app.engine.ops.amx import HAS_AMX_BF16
+    if not HAS_AMX_BF16:
+        pytest.skip("AMX-BF16 only")
+    rng = np.random.default_rng(n_keys + hd)
+    qh = (rng.standard_normal((n_tok * group, hd)) * 2).astype(np.float32)   # (T*G, HD)
+    k = (rng.standard_normal((n_keys, hd)) * 2).astype(np.float32)           # (N, HD)
+    v = rng.standard_normal((n_keys, hd)).astype(np.float32)
+    key_pos = np.sort(rng.choice(4 * n_keys, n_keys, replace=False)).astype(np.int64)   # (N,) ascending
+    query_pos = np.sort(rng.choice(np.arange(key_pos[0], key_pos[-1] + 1), n_tok)).astype(np.int64)
+    scale = np.float32(hd ** -0.5)
+    out = np.full_like(qh, np.nan)
+    q_hi, q_lo = products_amx.pack_queries(qh, n_parts)
+    kv = products_amx.pack_keys_values(k, v, n_parts)
+    products_amx.attend(q_hi, q_lo, *kv, n_keys, key_pos, query_pos, n_tok * group, group, scale, n_parts, out)
+    s = (qh.astype(np.float64) @ k.T.astype(np.float64)) * float(scale)     # (T*G, N)
+    seen = key_pos[None, :] <= np.repeat(query_pos, group)[:, None]
+    s = np.where(seen, s, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-3)
+    assert np.abs(out - want).max() < 2e-4
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def wide_model(request, tiny_model):
+    """Heads of 64 dimensions: AMX tiles take the head's dimensions 32 at a time."""
+    return Model(tiny_model(request.param, head_dim=64))
+
+
+@pytest.mark.parametrize("kv", ["f16", "k8v4"])
+def test_keys_and_values_gathered_into_amx_tiles_are_the_packed_float_ones(wide_model, kv):
+    """_gather_packed writes each decoded, rotated key and value straight into products_amx's
+    layouts: the very bits pack_keys_values makes from _gather's float32 rows, and zeros after
+    the last key (a partial last block here: 200 tokens in blocks of 16, and 12 of them chosen)."""
+    from app.engine.attention import blocks, products_amx
+    model = wide_model
+    cache, state = _cache(model, kv=kv, mode="dense")
+    prefill(model, cache, np.random.default_rng(3).integers(3, 2000, 200).tolist(), chunk=48, state=state)
+    n = 200
+    chosen = np.array([0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, n // B], np.int64)   # the last one partial
+    place = chosen * B + 5                                                # placed elsewhere: rotated
+    hd = model.config.head_dim
+    cos, sin = model.rope.rows(0, n + 2 * B)
+    a = cache.arrays(1)
+    args = (*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, 1, chosen, place, cos, sin,
+            model.neox)
+    k = np.empty((len(chosen) * B, hd), np.float32)
+    v = np.empty_like(k)
+    t = np.empty(len(chosen) * B, np.int64)
+    count = blocks._gather(*args, k, v, t)
+    want = products_amx.pack_keys_values(k[:count], v[:count], 2)
+    got = tuple(np.full(products_amx.packed_size(len(chosen) * B, hd), 7, np.uint16) for _ in range(4))
+    t2 = np.empty_like(t)
+    assert blocks._gather_packed(*args, *got, t2) == count == 11 * B + n % B
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g[:w.size], w)
+    np.testing.assert_array_equal(t2[:count], t[:count])
+
+
+def test_the_blocked_prefill_on_amx_tiles_is_the_sgemm_one_to_bfloat16_pairs_precision(wide_model, monkeypatch):
+    """A whole prefill through the blocked cache with the products on AMX tiles and on sgemms:
+    logits within 1e-3 of each other (not equal: another rounding), the same greedy tokens."""
+    from app.engine.attention import blocks
+    from app.engine.ops.amx import HAS_AMX_BF16
+    if not HAS_AMX_BF16:
+        pytest.skip("AMX-BF16 only")
+    model = wide_model
+    tokens = np.random.default_rng(0).integers(3, 2000, 200).tolist()
+    out = {}
+    monkeypatch.setattr(blocks, "AMX_MIN_ROWS", 32)          # this model's chunks are 64 x 2 query rows
+    for on in (False, True):
+        monkeypatch.setattr(blocks, "AMX_ATTENTION", on)
+        cache, state = _cache(model, kv="f16", mode="dense")
+        out[on] = prefill(model, cache, tokens, chunk=64, all_logits=True, state=state)
+    assert not np.array_equal(out[True], out[False])
+    np.testing.assert_allclose(out[True], out[False], rtol=0, atol=1e-3 * np.abs(out[False]).max())
+    assert np.array_equal(out[True].argmax(-1), out[False].argmax(-1))

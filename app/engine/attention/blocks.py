@@ -21,7 +21,9 @@ from ..ops.rope import rotate, rotate_vec
 from ..ops.simd import add8, fma8, hsum8, load8_2d, splat8, store8_2d, zero8
 from ..quant import blas
 from ..quant.layout import num_threads
-from . import products
+from ..ops.amx import HAS_AMX_BF16
+from . import products, products_amx
+from .products_amx import pack_key, pack_value, zero_padding
 from .products import merge_runs
 from .state import AttentionState
 from .select import Selection, nominal_distance, select
@@ -91,6 +93,8 @@ def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState
 
 
 PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
+AMX_ATTENTION = HAS_AMX_BF16   # prefill products on AMX tiles (tests switch it off to compare)
+AMX_MIN_ROWS = 256             # query rows (tokens x query heads per KV head) from which they do
 
 
 def _selection(cache, layer, q, pos0, state: AttentionState, cos, sin, neox) -> Selection:
@@ -309,18 +313,32 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
     out = np.empty((n_tok, n_heads, head_dim), np.float32)                # (T, H, HD)
     qrot = rotate(q, cos[sel.qpos], sin[sel.qpos], neox)                    # (T, H, HD)
     true_pos = pos0 + np.arange(n_tok, dtype=np.int64)                      # (T,)
-    k_buf = np.empty((ns * B, head_dim), np.float32)                        # (N, HD)
-    v_buf = np.empty((ns * B, head_dim), np.float32)                        # (N, HD)
     t_buf = np.empty(ns * B, np.int64)                                      # (N,) true positions
     out_h = np.empty((n_tok * group, head_dim), np.float32)                 # (T*G, HD)
     n_parts = num_threads()
+    # AMX's bfloat16 tiles (products_amx) for a chunk of a document being read; sgemms for a
+    # question's few rows, where scattering the keys into the tiles' layout costs what the
+    # tiles save (17 tokens over the read R FAQ: 1.46 s vs 1.43 s of engine time)
+    on_tiles = AMX_ATTENTION and n_tok * group >= AMX_MIN_ROWS and head_dim % 32 == 0
+    if on_tiles:   # packed keys and values: four (padded(N, 32) * HD,) uint16, reused for each head
+        packed = tuple(np.empty(products_amx.packed_size(ns * B, head_dim), np.uint16) for _ in range(4))
+    else:
+        k_buf = np.empty((ns * B, head_dim), np.float32)                    # (N, HD)
+        v_buf = np.empty((ns * B, head_dim), np.float32)                    # (N, HD)
     for h in range(kvh):
-        count = _gather(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
-                        sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
         qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
-        with blas.one_blas_thread():
-            products.attend(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
-                            n_parts, out_h)
+        if on_tiles:
+            count = _gather_packed(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
+                                   sel.blocks[h], sel.place[h], cos, sin, neox, *packed, t_buf)
+            q_hi, q_lo = products_amx.pack_queries(qh, n_parts)
+            products_amx.attend(q_hi, q_lo, *packed, count, t_buf[:count], true_pos, n_tok * group, group,
+                                scale, n_parts, out_h)
+        else:
+            count = _gather(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
+                            sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
+            with blas.one_blas_thread():
+                products.attend(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
+                                n_parts, out_h)
         out[:, h * group:(h + 1) * group] = out_h.reshape(n_tok, group, head_dim)
     return out
 
@@ -343,20 +361,58 @@ def _gather(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, 
         n_valid = min(block, n - b * block)
         r0 = i * block
         kraw = np.empty((block, head_dim), np.float32)
-        if b >= n_full:
-            _decode_block(tail_k[h], tail_k[h], tail_v[h], tail_v[h, 0], 16, 16, n_valid,
-                          kraw, v_out[r0:r0 + block])
-        elif b < nb_base:
-            _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid,
-                          kraw, v_out[r0:r0 + block])
-        else:
-            _decode_block(okc[h, b], okb[h, b], ovc[h, b], ovs[h, b], k_bits, v_bits, n_valid,
-                          kraw, v_out[r0:r0 + block])
+        _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits, v_bits,
+                       h, b, n_valid, kraw, v_out[r0:r0 + block])
         for j in range(n_valid):
             rotate_vec(kraw[j], cos[place[i]], sin[place[i]], neox, k_out[r0 + j])
             t_out[r0 + j] = b * block + j
     last = blocks[ns - 1]
     return (ns - 1) * block + min(block, n - last * block)
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _gather_packed(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, k_bits, v_bits, h,
+                   blocks, place, cos, sin, neox, k_hi, k_lo, v_hi, v_lo, t_out):
+    """_gather's keys and values written straight into products_amx's packed bfloat16 pairs
+    (no float32 copy of the head's cache between); the padding after the last key zeroed.
+
+    k_hi, k_lo, v_hi, v_lo  # (>= packed_size(NS*B, HD),) uint16;  t_out  # (>= NS*B,) int64
+    Returns the number of keys written.
+    """
+    _, block, head_dim = tail_k.shape
+    n_full = n // block
+    ns = blocks.shape[0]
+    for i in prange(ns):
+        b = blocks[i]
+        n_valid = min(block, n - b * block)
+        r0 = i * block
+        kraw = np.empty((block, head_dim), np.float32)
+        vraw = np.empty((block, head_dim), np.float32)
+        krot = np.empty(head_dim, np.float32)
+        _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits, v_bits,
+                       h, b, n_valid, kraw, vraw)
+        for j in range(n_valid):
+            rotate_vec(kraw[j], cos[place[i]], sin[place[i]], neox, krot)
+            pack_key(krot, r0 + j, k_hi, k_lo)
+            pack_value(vraw[j], r0 + j, v_hi, v_lo)
+            t_out[r0 + j] = b * block + j
+    last = blocks[ns - 1]
+    count = (ns - 1) * block + min(block, n - last * block)
+    zero_padding(count, head_dim, k_hi, k_lo, v_hi, v_lo)
+    return count
+
+
+@njit(inline="always")
+def _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits, v_bits,
+                   h, b, n_valid, k_out, v_out):
+    """Rows 0..n_valid-1 of block b of KV head h as float32, from the tail (f16, not yet
+    quantized), the base blocks or the overflow ones."""
+    if b >= n_full:
+        _decode_block(tail_k[h], tail_k[h], tail_v[h], tail_v[h, 0], 16, 16, n_valid, k_out, v_out)
+    elif b < nb_base:
+        _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid, k_out, v_out)
+    else:
+        _decode_block(okc[h, b], okb[h, b], ovc[h, b], ovs[h, b], k_bits, v_bits, n_valid, k_out, v_out)
 
 
 @njit(inline="always")

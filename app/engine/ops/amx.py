@@ -57,6 +57,7 @@ def _tile_state_granted() -> bool:
 # by a process that was refused must still hold the real instructions for one that is not.
 _CPU_AMX = _cpu_has_amx()
 HAS_AMX = _CPU_AMX and _tile_state_granted()
+HAS_AMX_BF16 = HAS_AMX and bool(host_cpu_features().get("amx-bf16"))
 
 
 def _trap(builder):
@@ -156,6 +157,10 @@ def _dot_product(name):
 # signed; tdpbssd reads both as signed.
 tile_dpbusd = _dot_product("llvm.x86.tdpbusd")
 tile_dpbssd = _dot_product("llvm.x86.tdpbssd")
+# Tile c += tile a x tile b in float32 from bfloat16 pairs: each C[m, n] gains
+# sum_k A[m, 2k + j] * B[k, 2n + j] (B holds 2 bfloat16 per output column and row); the products
+# of two bfloat16 are exact in float32, the sums rounded as float32 additions.
+tile_dpbf16ps = _dot_product("llvm.x86.tdpbf16ps")
 
 
 def tile_shapes(shapes) -> np.ndarray:

@@ -213,6 +213,33 @@ def hadd_sum8(typingctx, a):
 
 
 @intrinsic
+def max8(typingctx, a, b):
+    """Lane-wise max (vmaxps): numba's max() of two floats keeps its NaN rule and does not vectorise."""
+    if not (a == b == vec8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+
+    return vec8(a, b), codegen
+
+
+@intrinsic
+def hmax8(typingctx, a):
+    """The largest of the 8 lanes."""
+    if a != vec8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = _lanes(builder, args[0])
+        while len(x) > 1:
+            x = [builder.select(builder.fcmp_ordered(">", x[i], x[i + 1]), x[i], x[i + 1]) for i in range(0, len(x), 2)]
+        return x[0]
+
+    return types.float32(a), codegen
+
+
+@intrinsic
 def store8(typingctx, v, arr, i):
     """arr[i:i+8] = v for a 1-D C-contiguous float32 array."""
     if not (v == vec8 and _is_c(arr, (types.float32,)) and arr.ndim == 1):

@@ -85,11 +85,13 @@ def quantize_acts(x, xq, dk, bs_pairs, bs16):
 @njit(nogil=True, cache=True)
 def q8_k_acts(x):
     """x (n_tok, n_in) float32 -> (xq, dk, bs_pairs, bs16) of quantize_acts, freshly made;
-    xq ((n_tok + 16) * n_in,) with 16 rows of zeros after the tokens, which the last partial
-    tile of an AMX product reads (kquants_amx.q4k_pair_amx)."""
+    xq ((n_tok + pad) * n_in,): for a batch of a whole AMX tile or more, pad = 16 rows of zeros
+    after the tokens, which the last partial tile of an AMX product reads
+    (kquants_amx.q4k_pair_amx); none for decode steps, which never go to AMX."""
     n_tok, n_in = x.shape
     nsb = n_in // QK_K
-    acts = (np.empty((n_tok + AMX_TOKENS) * n_in, np.int8), np.empty((n_tok, nsb), np.float32),
+    pad = AMX_TOKENS if n_tok >= AMX_TOKENS else 0
+    acts = (np.empty((n_tok + pad) * n_in, np.int8), np.empty((n_tok, nsb), np.float32),
             np.empty(n_tok * nsb * 4, np.int32), np.empty(n_tok * nsb * 16, np.int16))
     acts[0][n_tok * n_in:] = 0
     if n_tok >= PARALLEL_ACTS:
