@@ -25,6 +25,7 @@ from app.engine.backend import SamplingParams
 from app.engine.generate import PREFILL_CHUNK
 from app.engine.kv.sizes import LLAMACPP_KV_TYPES, KVShape
 from app.engine.model.gguf_file import scan_gguf
+from app.runtime.auto import AUTO, document_attention
 
 if TYPE_CHECKING:
     from app.engine.attention.config import SparseConfig
@@ -36,7 +37,8 @@ _FILLER = (
     "along the harbour, and the boats come home with the tide. "
 )
 
-BASELINE = ("llamacpp", "f16", "dense")   # (engine, kv, attention) every result is compared with
+BASELINE = ("llamacpp", "f16", "dense")
+AUTO_NOTE = "automatic settings, blocked cache: attention "   # an auto row's note, then its mode   # (engine, kv, attention) every result is compared with
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class BenchConfig:
     sparse: SparseConfig | None = None   # the sparse runs' options (None: the engine's defaults)
     pinning: tuple[bool, ...] = (True,)  # ellm only: threads pinned one per CPU, or left to the OS
     llamacpp_best: bool = False          # llama.cpp in every configuration a user could pick
+    llamacpp_kvs: tuple[str, ...] = ("f16", "k8v8")   # ... of these caches (a 32K q8_0 prefill takes an hour here)
     states_dir: Path | None = None       # where prefilled contexts are kept (None: prefill every run)
 
 
@@ -75,6 +78,7 @@ class Run:
 # caches (k8v8 here), flash attention on and off. A quantized V cache needs flash attention, so
 # k8v8 without it is listed as skipped with that reason.
 LLAMACPP_BEST = (("f16", False), ("f16", True), ("k8v8", True), ("k8v8", False))
+LLAMACPP_BEST_KVS = tuple(dict.fromkeys(kv for kv, _ in LLAMACPP_BEST))
 
 
 def plan_runs(cfg: BenchConfig) -> list[Run]:
@@ -85,7 +89,7 @@ def plan_runs(cfg: BenchConfig) -> list[Run]:
         if engine == "ellm":
             runs += [Run("ellm", kv, a, p) for kv in cfg.kvs for a in cfg.attentions for p in cfg.pinning]
         elif cfg.llamacpp_best:
-            runs += [Run(engine, kv, "dense", None, fa) for kv, fa in LLAMACPP_BEST]
+            runs += [Run(engine, kv, "dense", None, fa) for kv, fa in LLAMACPP_BEST if kv in cfg.llamacpp_kvs]
         else:
             kvs = ["f16"] + [kv for kv in cfg.kvs if kv != "f16" and kv in LLAMACPP_KV_TYPES]
             runs += [Run(engine, kv, "dense", None) for kv in kvs]
@@ -198,10 +202,11 @@ def decode_rate(stamps: list[float]) -> float:
 
 
 def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bool = True,
-                kv: str = "f16", attention="dense", flash_attn: bool | None = None):
+                kv: str = "f16", attention="dense", flash_attn: bool | None = None, documents: bool = False):
     """A backend for one measurement: ``attention`` is "dense", "sparse" or a SparseConfig
-    (ellm); llama.cpp is always dense, with its cache types for ``kv`` and ``flash_attn``
-    (None: on exactly for a quantized cache)."""
+    (ellm; ``documents``: the cache questions about documents use, blocked even for f16 dense);
+    llama.cpp is always dense, with its cache types for ``kv`` and ``flash_attn`` (None: on
+    exactly for a quantized cache)."""
     if engine == "llamacpp":
         from app.engine.llamacpp_backend import LlamaCppBackend
 
@@ -218,7 +223,8 @@ def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bo
         return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, kv=kv, flash_attn=flash_attn)
     from app.engine.ellm_backend import EllmBackend
 
-    return EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, pin=pin, kv=kv, attention=attention)
+    return EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, pin=pin, kv=kv, attention=attention,
+                       documents=documents)
 
 
 def machine_info(model_path: Path, threads: int, bandwidth: float | None = None) -> dict:
@@ -238,42 +244,54 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     sparse_opts = sparse.options()
     bandwidth = read_bandwidth_gb_s()
     results, skipped = [], []
-    n_ctx = max(cfg.contexts) + cfg.decode_steps + 64
     states = None
     if cfg.states_dir is not None:
         from app.bench.states import BenchStates
 
         states = BenchStates(cfg.states_dir)
+    trained = scan_gguf(cfg.model_path).context_length
     for run in plan_runs(cfg):
-        attention = sparse if run.attention == "sparse" else SparseConfig(mode="dense")
-        if progress:
-            progress(f"{run.label}: loading")
-        try:
-            backend = open_engine(run.engine, cfg.model_path, n_ctx, threads, run.pinned is not False,
-                                  kv=run.kv, attention=attention, flash_attn=run.flash_attn)
-        except (ValueError, RuntimeError) as e:   # one combination this model or engine cannot run
-            skipped.append({"engine": run.engine, "kv": run.kv, "attention": run.attention,
-                            "flash_attn": run.flash_attn, "reason": str(e)})
+        if run.attention == AUTO:
+            # What a question about a document of that many tokens runs with the automatic
+            # settings: the blocked cache (every question about documents), dense attention
+            # within the model's trained window, sparse beyond it; a backend per context.
+            groups = [((c,), document_attention(c + cfg.decode_steps, trained or c + cfg.decode_steps))
+                      for c in cfg.contexts]
+        else:
+            groups = [(cfg.contexts, run.attention)]
+        for contexts, mode in groups:
+            attention = sparse if mode == "sparse" else SparseConfig(mode="dense")
+            n_ctx = max(contexts) + cfg.decode_steps + 64
             if progress:
-                progress(f"{run.label}: skipped ({e})")
-            continue
-        flash_attn = getattr(backend, "flash_attn", None)
-        measure(backend, min(WARMUP_TOKENS, min(cfg.contexts)), 4, -1)  # warm-up: JIT, caches, page faults
-        for context in cfg.contexts:
-            if progress:
-                progress(f"{run.label}: {context} tokens of context")
-            # The same prompt for every run at a context (and across runs of the bench, so kept
-            # states match); each run loads it anew, so nothing is reused from another context.
-            say = (lambda what, label=f"{run.label}: {context} tokens of context": progress(f"{label}: {what}")) \
-                if progress else None
-            prefill, decode, steps, source = measure(backend, context, cfg.decode_steps, context, states, say)
-            # The cache's cost at this context, as the engine counted it after the prefill.
-            stored, kv_read = backend.stats.kv_bytes_per_token, backend.stats.kv_read_bytes_per_token
-            bpt = {"weights": weights, "kv": kv_read, "metadata": 0, "total": weights + kv_read}
-            results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
-                                       bpt["total"] * decode / 1e9, steps, run.pinned, stored,
-                                       sparse_opts if run.attention == "sparse" else None, flash_attn, source))
-        backend.close()
+                progress(f"{run.label}: loading")
+            try:
+                backend = open_engine(run.engine, cfg.model_path, n_ctx, threads, run.pinned is not False,
+                                      kv=run.kv, attention=attention, flash_attn=run.flash_attn,
+                                      documents=run.attention == AUTO)
+            except (ValueError, RuntimeError) as e:   # one combination this model or engine cannot run
+                skipped.append({"engine": run.engine, "kv": run.kv, "attention": run.attention,
+                                "flash_attn": run.flash_attn, "reason": str(e)})
+                if progress:
+                    progress(f"{run.label}: skipped ({e})")
+                continue
+            flash_attn = getattr(backend, "flash_attn", None)
+            measure(backend, min(WARMUP_TOKENS, min(contexts)), 4, -1)  # warm-up: JIT, caches, page faults
+            for context in contexts:
+                if progress:
+                    progress(f"{run.label}: {context} tokens of context")
+                # The same prompt for every run at a context (and across runs of the bench, so kept
+                # states match); each run loads it anew, so nothing is reused from another context.
+                say = (lambda what, label=f"{run.label}: {context} tokens of context": progress(f"{label}: {what}")) \
+                    if progress else None
+                prefill, decode, steps, source = measure(backend, context, cfg.decode_steps, context, states, say)
+                # The cache's cost at this context, as the engine counted it after the prefill.
+                stored, kv_read = backend.stats.kv_bytes_per_token, backend.stats.kv_read_bytes_per_token
+                bpt = {"weights": weights, "kv": kv_read, "metadata": 0, "total": weights + kv_read}
+                notes = [f"{AUTO_NOTE}{mode}"] if run.attention == AUTO else []
+                results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
+                                           bpt["total"] * decode / 1e9, steps, run.pinned, stored,
+                                           sparse_opts if mode == "sparse" else None, flash_attn, source, notes))
+            backend.close()
     rows = [r.as_dict() for r in results]
     add_ratios(rows)
     report = {"machine": machine_info(cfg.model_path, threads, bandwidth), "results": rows}
@@ -363,6 +381,11 @@ def format_table(report: dict) -> str:
                 firsts.setdefault(r["context"], r["vs_llamacpp_best"])
         lines += ["", "llama.cpp's fastest: " + "; ".join(
             f"{c}: decode {v['decode_of']}, prefill {v['prefill_of']}" for c, v in firsts.items())]
+    chosen = [f"{r['context']} {n[len(AUTO_NOTE):]}" for r in report["results"] for n in r.get("notes", ())
+              if n.startswith(AUTO_NOTE)]
+    if chosen:
+        lines += ["", "auto: the automatic settings for a document of that many tokens (blocked cache): "
+                  + ", ".join(chosen)]
     sparse = next((r["sparse"] for r in report["results"] if r.get("sparse")), None)
     if sparse:
         lines += ["", "sparse: " + ", ".join(f"{k} {v}" for k, v in sparse.items())]

@@ -25,23 +25,31 @@ def cmd_bench(ctx: Context) -> int:
     attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else "dense"))
     if not attentions:
         raise CliError("--attention takes dense, sparse or dense,sparse")
+    speed = not (a.needle_folder or a.passkey)
+    choices = ("dense", "sparse", "auto") if speed else ("dense", "sparse")
     for m in attentions:
-        if m not in ("dense", "sparse"):
-            raise CliError(f"unknown attention '{m}' in --attention; choose from dense, sparse")
+        if m not in choices:
+            raise CliError(f"unknown attention '{m}' in --attention; choose from {', '.join(choices)}")
     sparse = sparse_config(a)
     if a.needle_folder:
         return bench_needle_folder(ctx, kvs, attentions, sparse)
     if a.passkey:
         return bench_passkey(ctx, engines, contexts, kvs, attentions, sparse)
-    from app.bench.speed import BenchConfig, format_table, plot, run_bench
+    from app.bench.speed import LLAMACPP_BEST_KVS, BenchConfig, format_table, plot, run_bench
 
     pins = {"on": (True,), "off": (False,), "on,off": (True, False), "off,on": (False, True)}.get(a.pin)
     if pins is None:
         raise CliError(f"--pin takes on, off or on,off, not '{a.pin}'")
     states = None if a.no_states else ctx.paths.cache_dir / "bench-states"
+    llama_kvs = comma_list(a.llamacpp_kv)
+    for kv in llama_kvs:
+        if kv not in LLAMACPP_BEST_KVS:
+            raise CliError(f"unknown KV cache '{kv}' in --llamacpp-kv; choose from {', '.join(LLAMACPP_BEST_KVS)}")
+    if not llama_kvs:
+        raise CliError(f"--llamacpp-kv takes {', '.join(LLAMACPP_BEST_KVS)} separated by commas")
     cfg = BenchConfig(model_path=ctx.model_path, engines=engines, contexts=contexts, decode_steps=a.steps,
                       threads=a.threads or 0, kvs=kvs, attentions=attentions, sparse=sparse, pinning=pins,
-                      llamacpp_best=a.llamacpp_best, states_dir=states)
+                      llamacpp_best=a.llamacpp_best, llamacpp_kvs=tuple(llama_kvs), states_dir=states)
     try:
         report = run_bench(cfg, progress=lambda what: err(f"bench: {what}"))
     except ValueError as e:   # a backend refused a combination (its message names it)

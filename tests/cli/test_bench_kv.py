@@ -57,6 +57,33 @@ def test_every_kv_and_attention_combination_on_ellm(cli, tiny, tmp_path, no_band
     assert "sparse: sinks 16, window 64, top_k 1" in text and "k8v4" in text
 
 
+def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(cli, tiny, tmp_path, data_dir,
+                                                                                 no_bandwidth_probe):
+    """--attention auto: the blocked cache (f16 included, as for every question about documents;
+    its prefix file is kept), dense attention while the context and the answer fit the model's
+    trained 512 tokens, sparse past them."""
+    out = tmp_path / "auto.json"
+    rc, text, err = cli("bench", "--model", str(tiny), "--engines", "ellm", "--kv", "f16",
+                        "--attention", "auto,dense", *SPARSE, "--contexts", "300,510", "--steps", "3",
+                        "--json", str(out))
+    assert rc == 0, err
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["attention"], r["context"]) for r in rows] == [("auto", 300), ("auto", 510), ("dense", 300),
+                                                              ("dense", 510)]
+    auto, dense = rows[:2], rows[2:]
+    assert auto[0]["notes"] == ["automatic settings, blocked cache: attention dense"] and auto[0]["sparse"] is None
+    assert auto[1]["notes"] == ["automatic settings, blocked cache: attention sparse"]
+    assert auto[1]["sparse"]["top_k"] == 1
+    # dense attention reads every cached token's K and V (L x KVH x 2 x HD x 2 bytes), as the dense cache does
+    assert auto[0]["bytes_per_token"]["kv"] == dense[0]["bytes_per_token"]["kv"] == 2 * 2 * 2 * 16 * 2 * 300
+    assert auto[0]["kv_bytes_per_token"] > dense[0]["kv_bytes_per_token"]   # + the blocks' key bounds
+    assert auto[1]["bytes_per_token"]["kv"] < dense[1]["bytes_per_token"]["kv"]
+    assert all(r["notes"] == [] for r in dense)
+    states = data_dir / "cache" / "bench-states"
+    assert len(list(states.glob("*.kv"))) == 2        # the blocked cache's files; f16 dense has none
+    assert "auto: the automatic settings for a document of that many tokens (blocked cache): 300 dense, 510 sparse" in text
+
+
 def test_llamacpp_runs_dense_f16_as_the_baseline_and_ratios_divide_by_it(cli, tiny, tmp_path,
                                                                          no_bandwidth_probe):
     out = tmp_path / "both.json"
@@ -110,6 +137,10 @@ def test_plan_runs_llamacpp_in_every_configuration_a_user_picks_for_speed(tmp_pa
     assert plan_runs(cfg) == [Run("ellm", "k8v8", "sparse", True), Run("llamacpp", "f16", "dense", None, False),
                               Run("llamacpp", "f16", "dense", None, True), Run("llamacpp", "k8v8", "dense", None, True),
                               Run("llamacpp", "k8v8", "dense", None, False)]
+    f16_only = BenchConfig(model_path=tmp_path / "m.gguf", engines=("llamacpp",), llamacpp_best=True,
+                           llamacpp_kvs=("f16",))
+    assert plan_runs(f16_only) == [Run("llamacpp", "f16", "dense", None, False),
+                                   Run("llamacpp", "f16", "dense", None, True)]
 
 
 def test_ratios_against_llamacpps_fastest_take_each_measure_from_its_own_fastest():
@@ -187,7 +218,9 @@ def test_llamacpp_best_runs_flash_attention_on_and_off(cli, tiny, tmp_path, no_b
 
 @pytest.mark.parametrize("args, message", [
     (("--kv", "k2v2"), "--kv: unknown KV setting 'k2v2'"),
-    (("--attention", "dense,fuzzy"), "unknown attention 'fuzzy' in --attention; choose from dense, sparse"),
+    (("--attention", "dense,fuzzy"), "unknown attention 'fuzzy' in --attention; choose from dense, sparse, auto"),
+    (("--passkey", "--attention", "auto"), "unknown attention 'auto' in --attention; choose from dense, sparse"),
+    (("--llamacpp-best", "--llamacpp-kv", "q4_0"), "unknown KV cache 'q4_0' in --llamacpp-kv; choose from f16, k8v8"),
     (("--attention", "sparse", "--reselect", "0"), "sparse attention: reselect must be >= 1"),
 ])
 def test_bench_refuses_unknown_kv_and_attention_choices(cli, args, message):

@@ -2,9 +2,9 @@
 
 decode  (one query token): ``_decode_kernel`` decodes each selected block to float32 once
         (keys lo_d + c step_d per channel, values scale_j (c - offset)) into L1, where all the
-        query heads of its KV head read it with 8-lane FMAs. Online softmax with a running
-        max per head (FlashAttention, Dao et al. 2022), the block list split across threads
-        and the partial results merged by their log-sum-exp.
+        query heads of its KV head read it (attention/block_products.py). Online softmax with
+        a running max per head (FlashAttention, Dao et al. 2022), the block list split across
+        threads and the partial results merged by their log-sum-exp.
 prefill (a chunk of T tokens): the selected blocks are decoded and rotated to their placed
         positions once per chunk and KV head, then scores and outputs are BLAS matrix
         products (attention/products.py); the causal mask uses true positions.
@@ -15,14 +15,13 @@ import numpy as np
 from numba import njit, prange
 
 from ..kv.blocked import BlockKVCache, decode_keys
-from ..ops.expf import ggml_expf
 from ..ops.f16 import f16_to_f32
 from ..ops.rope import rotate, rotate_vec
-from ..ops.simd import add8, fma8, hsum8, load8_2d, splat8, store8_2d, zero8
 from ..quant import blas
 from ..quant.layout import num_threads
 from ..ops.amx import HAS_AMX_BF16
 from . import products, products_amx
+from .block_products import add_values, exp_block, scores
 from .products_amx import pack_key, pack_value, zero_padding
 from .products import merge_runs
 from .state import AttentionState
@@ -134,79 +133,6 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
     return out
 
 
-@njit(inline="always")
-def _fma32(x, j, e, w0, w1, w2, w3, a0, a1, a2, a3):
-    """(a0, a1, a2, a3) + x[j, e:e + 32] * (w0, w1, w2, w3), 8 lanes each, one rounding.
-
-    x  # (N, HD) float32, C-contiguous;  w*, a*  # vec8
-    """
-    return (fma8(load8_2d(x, j, e), w0, a0), fma8(load8_2d(x, j, e + 8), w1, a1),
-            fma8(load8_2d(x, j, e + 16), w2, a2), fma8(load8_2d(x, j, e + 24), w3, a3))
-
-
-@njit(inline="always")
-def _scores(k, qr, n_valid, scale, s):
-    """s[g, j] = (qr[g] . k[j]) * scale for the query heads g of one KV head over one decoded
-    block. Two keys at a time with four 8-lane sums each, so eight FMA chains are in flight
-    (one sum per dot product would wait on the FMA latency at every step).
-
-    k  # (>= n_valid, HD) float32;  qr  # (G, HD) float32;  s  # (G, >= n_valid) float32
-    """
-    group, head_dim = qr.shape
-    j0 = 0
-    if head_dim % 32 == 0:
-        j0 = n_valid - n_valid % 2
-        for j in range(0, j0, 2):
-            for g in range(group):
-                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero8()
-                for e in range(0, head_dim, 32):
-                    q0 = load8_2d(qr, g, e)
-                    q1 = load8_2d(qr, g, e + 8)
-                    q2 = load8_2d(qr, g, e + 16)
-                    q3 = load8_2d(qr, g, e + 24)
-                    a0, a1, a2, a3 = _fma32(k, j, e, q0, q1, q2, q3, a0, a1, a2, a3)
-                    b0, b1, b2, b3 = _fma32(k, j + 1, e, q0, q1, q2, q3, b0, b1, b2, b3)
-                s[g, j] = hsum8(add8(add8(a0, a1), add8(a2, a3))) * scale
-                s[g, j + 1] = hsum8(add8(add8(b0, b1), add8(b2, b3))) * scale
-    for j in range(j0, n_valid):
-        for g in range(group):
-            acc = np.float32(0.0)
-            for d in range(head_dim):
-                acc += qr[g, d] * k[j, d]
-            s[g, j] = acc * scale
-
-
-@njit(inline="always")
-def _add_values(v, p, g, n_valid, acc):
-    """acc[g] += sum_j p[g, j] v[j] over one decoded block: 32 dims and two keys at a time
-    (eight FMA chains), the sums kept in registers across the block.
-
-    v  # (>= n_valid, HD) float32;  p  # (G, >= n_valid) float32;  acc  # (G, HD) float32
-    """
-    head_dim = v.shape[1]
-    if head_dim % 32:
-        for j in range(n_valid):
-            pj = p[g, j]
-            for d in range(head_dim):
-                acc[g, d] += pj * v[j, d]
-        return
-    j0 = n_valid - n_valid % 2
-    for e in range(0, head_dim, 32):
-        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero8()
-        for j in range(0, j0, 2):
-            pa = splat8(p[g, j])
-            pb = splat8(p[g, j + 1])
-            a0, a1, a2, a3 = _fma32(v, j, e, pa, pa, pa, pa, a0, a1, a2, a3)
-            b0, b1, b2, b3 = _fma32(v, j + 1, e, pb, pb, pb, pb, b0, b1, b2, b3)
-        if j0 < n_valid:
-            pa = splat8(p[g, j0])
-            a0, a1, a2, a3 = _fma32(v, j0, e, pa, pa, pa, pa, a0, a1, a2, a3)
-        store8_2d(add8(add8(a0, b0), load8_2d(acc, g, e)), acc, g, e)
-        store8_2d(add8(add8(a1, b1), load8_2d(acc, g, e + 8)), acc, g, e + 8)
-        store8_2d(add8(add8(a2, b2), load8_2d(acc, g, e + 16)), acc, g, e + 16)
-        store8_2d(add8(add8(a3, b3), load8_2d(acc, g, e + 24)), acc, g, e + 24)
-
-
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, n_limit, k_bits, v_bits,
                    blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax, bsum, mass, credit0, credit1):
@@ -263,17 +189,10 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid, kx, vx)
             else:
                 _decode_block(okc[h, b], okb[h, b], ovc[h, b], ovs[h, b], k_bits, v_bits, n_valid, kx, vx)
-            _scores(kx, qr, n_valid, scale, s)
+            scores(kx, qr, n_valid, scale, s)
             for g in range(group):
                 hq = h * group + g
-                bm = _NEG_INF
-                for j in range(n_valid):
-                    bm = max(bm, s[g, j])
-                bs = np.float32(0.0)
-                for j in range(n_valid):
-                    e = ggml_expf(s[g, j] - bm)
-                    s[g, j] = e
-                    bs += e
+                bm, bs = exp_block(s, g, n_valid)
                 bmax[hq, i] = bm
                 bsum[hq, i] = bs
                 if bm > m[g]:
@@ -286,7 +205,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 l[g] += bs * w
                 for j in range(n_valid):
                     s[g, j] *= w
-                _add_values(vx, s, g, n_valid, acc)
+            add_values(vx, s, n_valid, acc)
     # Merge the splits of each head by their log-sum-exp; credit each block its mass.
     for h in range(n_kv_heads):
         for g in range(group):

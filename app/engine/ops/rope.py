@@ -114,22 +114,23 @@ class RopeTables:
 @njit(inline="always")
 def rotate_vec(x, cos_row, sin_row, neox, out):
     """out = RoPE rotation of x (HD,) by the angles of one position (ggml rotate_pairs);
-    dims past 2 x len(cos_row) pass through (partial rotary)."""
+    dims past 2 x len(cos_row) pass through (partial rotary). One loop per pairing, so
+    that each vectorises (a branch inside the loop kept it scalar: the decode kernel
+    rotates its queries once per block)."""
     half = cos_row.shape[0]
     head_dim = x.shape[0]
-    for i in range(half):
-        if neox:
-            i0 = i
-            i1 = i + half
-        else:
-            i0 = 2 * i
-            i1 = 2 * i + 1
-        c = cos_row[i]
-        s = sin_row[i]
-        x0 = x[i0]
-        x1 = x[i1]
-        out[i0] = x0 * c - x1 * s
-        out[i1] = x0 * s + x1 * c
+    if neox:
+        for i in range(half):
+            x0 = x[i]
+            x1 = x[i + half]
+            out[i] = x0 * cos_row[i] - x1 * sin_row[i]
+            out[i + half] = x0 * sin_row[i] + x1 * cos_row[i]
+    else:
+        for i in range(half):
+            x0 = x[2 * i]
+            x1 = x[2 * i + 1]
+            out[2 * i] = x0 * cos_row[i] - x1 * sin_row[i]
+            out[2 * i + 1] = x0 * sin_row[i] + x1 * cos_row[i]
     for d in range(2 * half, head_dim):
         out[d] = x[d]
 

@@ -6,7 +6,8 @@ Why: an AMX product of 16 weight rows leaves 16 columns of int32 sums per token,
 row does with them (llama.cpp's float chain, lane by lane) is the same op for all 16 rows; one
 16-lane op per step instead of two 8-lane ones halves that work. Lanes never mix here, so every
 row's chain is the one the 8-lane kernels run: the same bits. Only generic LLVM vector IR is
-used, so these compile for any x86-64 CPU.
+used, so these compile for any x86-64 CPU. Decode attention's dot products (attention/blocks.py)
+use them too, where no llama.cpp order is kept: half the instructions of 8 lanes.
 """
 from __future__ import annotations
 
@@ -118,6 +119,98 @@ def mul16(typingctx, a, b):
         return builder.fmul(args[0], args[1])
 
     return vec16(a, b), codegen
+
+
+@intrinsic
+def zero16(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(V16F, [0.0] * 16)
+
+    return vec16(), codegen
+
+
+@intrinsic
+def load16_2d(typingctx, arr, i, j):
+    """arr[i, j:j+16] of a 2-D C-contiguous float32 array, or of a uint16 array of f16 bits
+    (converted, vcvtph2ps)."""
+    if not (isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 2
+            and arr.dtype in (types.float32, types.uint16)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1], args[2]])
+        if sig.args[0].dtype == types.float32:
+            return builder.load(builder.bitcast(ptr, V16F.as_pointer()), align=4)
+        bits = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 16).as_pointer()), align=2)
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), V16F)
+
+    return vec16(arr, i, j), codegen
+
+
+@intrinsic
+def add16(typingctx, a, b):
+    if not (a == b == vec16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return vec16(a, b), codegen
+
+
+@intrinsic
+def hsum16(typingctx, a):
+    """The sum of the 16 lanes, halves added pairwise down to one (a tree of 4 levels)."""
+    if a != vec16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        n = 16
+        while n > 1:
+            n //= 2
+            lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+            hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+            v = builder.fadd(lo, hi)
+        return builder.extract_element(v, ir.Constant(I32, 0))
+
+    return types.float32(a), codegen
+
+
+@intrinsic
+def store_sums4(typingctx, a, b, c, d, scale, arr, i, j):
+    """arr[i, j:j+4] = (sum of a's lanes, b's, c's, d's) * scale for a 2-D C-contiguous float32
+    array. The four trees share their shuffles (pairs of vectors folded into one at each level:
+    15 shuffles and adds for four sums, where four hsum16 take 32)."""
+    if not (a == b == c == d == vec16 and scale == types.float32 and isinstance(arr, types.Array)
+            and arr.layout == "C" and arr.ndim == 2 and arr.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        va, vb, vc, vd, sc, ar, ii, jj = args
+
+        def fold(x, y, lo_idx, hi_idx):
+            mask = ir.VectorType(I32, len(lo_idx))
+            return builder.fadd(builder.shuffle_vector(x, y, ir.Constant(mask, lo_idx)),
+                                builder.shuffle_vector(x, y, ir.Constant(mask, hi_idx)))
+
+        lo1 = list(range(8)) + list(range(16, 24))
+        hi1 = list(range(8, 16)) + list(range(24, 32))
+        ab = fold(va, vb, lo1, hi1)                  # a's 8 partial sums, then b's
+        cd = fold(vc, vd, lo1, hi1)
+        lo2 = [k + o for o in (0, 8, 16, 24) for k in range(4)]
+        hi2 = [k + 4 + o for o in (0, 8, 16, 24) for k in range(4)]
+        x = fold(ab, cd, lo2, hi2)                   # 4 partial sums each of a, b, c, d
+        y = fold(x, x, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
+        z = fold(y, y, [0, 2, 4, 6], [1, 3, 5, 7])   # a, b, c, d
+        v4 = ir.VectorType(ir.FloatType(), 4)
+        sv = builder.insert_element(ir.Constant(v4, ir.Undefined), sc, ir.Constant(I32, 0))
+        sv = builder.shuffle_vector(sv, sv, ir.Constant(ir.VectorType(I32, 4), [0] * 4))
+        ptr = elem_ptr(context, builder, sig.args[5], ar, [ii, jj])
+        builder.store(builder.fmul(z, sv), builder.bitcast(ptr, v4.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, b, c, d, scale, arr, i, j), codegen
 
 
 # ---- 16 int32 lanes ------------------------------------------------------------------------
