@@ -25,7 +25,7 @@ from app.engine.backend import SamplingParams
 from app.engine.generate import PREFILL_CHUNK
 from app.engine.kv.sizes import LLAMACPP_KV_TYPES, KVShape
 from app.engine.model.gguf_file import scan_gguf
-from app.runtime.auto import AUTO, document_attention
+from app.runtime.auto import AUTO
 
 if TYPE_CHECKING:
     from app.engine.attention.config import SparseConfig
@@ -37,8 +37,8 @@ _FILLER = (
     "along the harbour, and the boats come home with the tide. "
 )
 
-BASELINE = ("llamacpp", "f16", "dense")
-AUTO_NOTE = "automatic settings, blocked cache: attention "   # an auto row's note, then its mode   # (engine, kv, attention) every result is compared with
+BASELINE = ("llamacpp", "f16", "dense")   # (engine, kv, attention) every result is compared with
+AUTO_NOTE = "automatic settings, blocked cache: attention "   # an auto row's note, then its mode
 
 
 @dataclass(frozen=True)
@@ -249,14 +249,12 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         from app.bench.states import BenchStates
 
         states = BenchStates(cfg.states_dir)
-    trained = scan_gguf(cfg.model_path).context_length
     for run in plan_runs(cfg):
         if run.attention == AUTO:
-            # What a question about a document of that many tokens runs with the automatic
-            # settings: the blocked cache (every question about documents), dense attention
-            # within the model's trained window, sparse beyond it; a backend per context.
-            groups = [((c,), document_attention(c + cfg.decode_steps, trained or c + cfg.decode_steps))
-                      for c in cfg.contexts]
+            # What a question about a document of that many tokens, answered in decode_steps
+            # tokens, runs with nothing chosen (runtime/auto.py): the blocked cache (every question
+            # about documents), dense attention within the trained window, sparse beyond it.
+            groups = [((c,), _auto_attention(cfg, c)) for c in cfg.contexts]
         else:
             groups = [(cfg.contexts, run.attention)]
         for contexts, mode in groups:
@@ -270,7 +268,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                                       documents=run.attention == AUTO)
             except (ValueError, RuntimeError) as e:   # one combination this model or engine cannot run
                 skipped.append({"engine": run.engine, "kv": run.kv, "attention": run.attention,
-                                "flash_attn": run.flash_attn, "reason": str(e)})
+                                "flash_attn": run.flash_attn, "contexts": list(contexts), "reason": str(e)})
                 if progress:
                     progress(f"{run.label}: skipped ({e})")
                 continue
@@ -298,6 +296,15 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     if skipped:
         report["skipped"] = skipped
     return report
+
+
+def _auto_attention(cfg: BenchConfig, context: int) -> str:
+    """The attention the automatic settings choose for a document of ``context`` tokens and an
+    answer of the bench's decode steps, on eLLM's engine (free memory as it is now)."""
+    from app.runtime.auto import choose
+    from app.settings import Settings
+
+    return choose(Settings(max_tokens=cfg.decode_steps), cfg.model_path, "ellm", doc_tokens=context).attention
 
 
 def add_ratios(rows: list[dict]) -> None:

@@ -23,10 +23,10 @@ def cmd_bench(ctx: Context) -> int:
         raise CliError(f"--contexts takes positive numbers separated by commas, not '{contexts_text}'")
     kvs = kv_names(a.kv_list)
     attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else "dense"))
-    if not attentions:
-        raise CliError("--attention takes dense, sparse or dense,sparse")
     speed = not (a.needle_folder or a.passkey)
     choices = ("dense", "sparse", "auto") if speed else ("dense", "sparse")
+    if not attentions:
+        raise CliError(f"--attention takes {', '.join(choices)} separated by commas")
     for m in attentions:
         if m not in choices:
             raise CliError(f"unknown attention '{m}' in --attention; choose from {', '.join(choices)}")
@@ -41,7 +41,9 @@ def cmd_bench(ctx: Context) -> int:
     if pins is None:
         raise CliError(f"--pin takes on, off or on,off, not '{a.pin}'")
     states = None if a.no_states else ctx.paths.cache_dir / "bench-states"
-    llama_kvs = comma_list(a.llamacpp_kv)
+    if a.llamacpp_kv is not None and not a.llamacpp_best:
+        raise CliError("--llamacpp-kv chooses the caches of --llamacpp-best; add --llamacpp-best")
+    llama_kvs = comma_list(a.llamacpp_kv or ",".join(LLAMACPP_BEST_KVS))
     for kv in llama_kvs:
         if kv not in LLAMACPP_BEST_KVS:
             raise CliError(f"unknown KV cache '{kv}' in --llamacpp-kv; choose from {', '.join(LLAMACPP_BEST_KVS)}")

@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pin", default="on", help="ellm threads pinned one per CPU: on, off, or on,off to compare")
     p.add_argument("--llamacpp-best", action="store_true",
                    help="llama.cpp with f16 and q8_0 KV, flash attention on and off; ratios also against its fastest")
-    p.add_argument("--llamacpp-kv", default="f16,k8v8", metavar="LIST",
+    p.add_argument("--llamacpp-kv", default=None, metavar="LIST",
                    help="--llamacpp-best: the KV caches llama.cpp runs: f16, k8v8 (its q8_0) or both")
     p.add_argument("--no-states", action="store_true",
                    help="prefill every context anew and keep nothing (default: prefilled contexts are kept in "

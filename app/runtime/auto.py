@@ -76,14 +76,8 @@ def choose(settings, model_path: Path, engine: str, doc_tokens: int | None = Non
                 kv, (n_ctx, wanted, note) = SMALL_KV, small
     attention = settings.attention
     if attention == AUTO:
-        attention = document_attention(n_ctx, trained, blocked)
+        attention = "sparse" if blocked and n_ctx > trained else "dense"
     return Chosen(n_ctx, kv, attention, wanted, note)
-
-
-def document_attention(n_ctx: int, trained: int, blocked: bool = True) -> str:
-    """The automatic attention for a context of ``n_ctx`` tokens: dense within the model's
-    ``trained`` window, sparse beyond it (only the blocked cache has sparse attention)."""
-    return "sparse" if blocked and n_ctx > trained else "dense"
 
 
 def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_tokens: int | None,

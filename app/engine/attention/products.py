@@ -79,6 +79,17 @@ def _masked_softmax(s, scale, key_pos, query_pos, group):
             s[r, j] = 0.0
 
 
+@njit(nogil=True, inline="always")
+def visible_keys(key_pos, query_pos, group, n_out, n_rows):
+    """(n_out,) int64: how many of the ascending ``key_pos`` each query row may see (a prefix:
+    the causal mask). Row r is token r // group's; rows from n_rows on (a tile's padding)
+    repeat the last one."""
+    limit = np.empty(n_out, np.int64)
+    for r in range(n_out):
+        limit[r] = np.searchsorted(key_pos, query_pos[min(r, n_rows - 1) // group], side="right")
+    return limit
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
     """attend, each thread taking a run of the keys, tile by tile (shapes as attend's).
@@ -92,9 +103,7 @@ def by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
     part_m = np.empty((n_parts, n_rows), np.float32)
     part_l = np.empty((n_parts, n_rows), np.float32)
     part_acc = np.empty((n_parts, n_rows, head_dim), np.float32)
-    limit = np.empty(n_rows, np.int64)                 # (T*G,) keys each row may see (a prefix)
-    for r in range(n_rows):
-        limit[r] = np.searchsorted(key_pos, query_pos[r // group], side="right")
+    limit = visible_keys(key_pos, query_pos, group, n_rows, n_rows)   # (T*G,)
     for c in prange(n_parts):
         j0, j1 = chunk_groups(c, n_parts, n_keys)
         m = part_m[c]

@@ -37,7 +37,7 @@ from ..ops.amx import tile_config, tile_dpbf16ps, tile_load, tile_release, tile_
 from ..ops.expf import ggml_expf
 from ..ops.simd import bits_f32, f32_bits, hmax8, load8, max8, splat8
 from ..quant.layout import chunk_groups
-from .products import merge_runs
+from .products import merge_runs, visible_keys
 
 _NEG_INF = np.float32(-np.inf)
 TILE_KEYS = 256          # keys per tile of the online softmax (a 32-row block's scores: 32 KB)
@@ -47,8 +47,10 @@ KEYS = 32                # keys per step of the scores (two B tiles) and of the 
 BF16_CONFIG = tile_shapes([(16, 64)] * 8)
 
 
+@njit(cache=True, nogil=True, inline="always")
 def padded(n: int, m: int) -> int:
-    return -(-n // m) * m
+    """n rounded up to a multiple of m."""
+    return (n + m - 1) // m * m
 
 
 @njit(nogil=True, inline="always")
@@ -70,9 +72,11 @@ def _split_row(x, hi, lo):
 def pack_queries(qh, n_parts):
     """qh (R, HD) float32 -> (hi, lo) (padded(R, 32) * HD,) uint16, row-major, zero rows after R."""
     n_rows, hd = qh.shape
-    rows_pad = (n_rows + ROWS - 1) // ROWS * ROWS
-    hi = np.zeros(rows_pad * hd, np.uint16)
-    lo = np.zeros(rows_pad * hd, np.uint16)
+    rows_pad = padded(n_rows, ROWS)
+    hi = np.empty(rows_pad * hd, np.uint16)
+    lo = np.empty(rows_pad * hd, np.uint16)
+    hi[n_rows * hd:] = 0
+    lo[n_rows * hd:] = 0
     for c in prange(n_parts):
         r0, r1 = chunk_groups(c, n_parts, n_rows)
         for r in range(r0, r1):
@@ -109,7 +113,7 @@ def pack_value(row, j, v_hi, v_lo):
 def zero_padding(n_keys, hd, k_hi, k_lo, v_hi, v_lo):
     """Zero the places of keys n_keys.. up to the next multiple of 32 (the padding the tiles read)."""
     zero = np.zeros(hd, np.float32)
-    for j in range(n_keys, (n_keys + KEYS - 1) // KEYS * KEYS):
+    for j in range(n_keys, padded(n_keys, KEYS)):
         pack_key(zero, j, k_hi, k_lo)
         pack_value(zero, j, v_hi, v_lo)
 
@@ -119,7 +123,7 @@ def pack_keys_values(k, v, n_parts):
     """k, v (N, HD) float32 -> (k_hi, k_lo, v_hi, v_lo), each (padded(N, 32) * HD,) uint16 in
     the module's key and value layouts."""
     n, hd = k.shape
-    size = (n + KEYS - 1) // KEYS * KEYS * hd
+    size = padded(n, KEYS) * hd
     k_hi = np.empty(size, np.uint16)
     k_lo = np.empty(size, np.uint16)
     v_hi = np.empty(size, np.uint16)
@@ -268,9 +272,7 @@ def attend(q_hi, q_lo, k_hi, k_lo, v_hi, v_lo, n_keys, key_pos, query_pos, n_row
     part_m = np.empty((n_parts, n_rows), np.float32)
     part_l = np.empty((n_parts, n_rows), np.float32)
     part_acc = np.empty((n_parts, rows_pad, hd), np.float32)
-    limit = np.empty(rows_pad, np.int64)                # (rows_pad,) keys each row may see (a prefix)
-    for r in range(rows_pad):
-        limit[r] = np.searchsorted(key_pos[:n_keys], query_pos[min(r, n_rows - 1) // group], side="right")
+    limit = visible_keys(key_pos[:n_keys], query_pos, group, rows_pad, n_rows)   # (rows_pad,)
     for c in prange(n_parts):
         tile_config(BF16_CONFIG)
         j0, j1 = chunk_groups(c, n_parts, n_chunks)
@@ -287,7 +289,7 @@ def attend(q_hi, q_lo, k_hi, k_lo, v_hi, v_lo, n_keys, key_pos, query_pos, n_row
         p_lo = np.empty(ROWS * TILE_KEYS, np.uint16)
         for t0 in range(j0, j1, TILE_KEYS):
             t1 = min(t0 + TILE_KEYS, j1)
-            w = (t1 - t0 + KEYS - 1) // KEYS * KEYS
+            w = padded(t1 - t0, KEYS)
             for row0 in range(0, rows_pad, ROWS):
                 if limit[row0 + ROWS - 1] <= t0:         # the causal mask hides the whole tile
                     continue
