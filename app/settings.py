@@ -79,7 +79,7 @@ class Settings:
     threads: int = 0  # 0 = one per physical core
     numa: str = "distribute"  # NUMA policy: distribute | isolate | none
     kv: str = "auto"  # KV cache precision: auto | f16 | k8v8 | k8v4 | k4v4 (README, "KV cache")
-    attention: str = "auto"  # auto | dense | sparse (README, "Sparse attention", "Automatic settings")
+    attention: str = "auto"  # auto | dense | sparse | sparse-decode (README, "Sparse attention", "Automatic settings")
 
     def __post_init__(self):
         if self.engine not in ENGINES:

@@ -1,13 +1,13 @@
 """The automatic settings (app/runtime/auto.py): the context holds the whole document and the
 answer as far as memory allows, in an f16 cache where it holds the document and k8v8 where only
-that does, dense attention inside the trained context and sparse beyond it; whatever a person
-chose is kept."""
+that does, dense attention inside the trained context (the answer from the voted blocks for long
+documents) and sparse beyond it; whatever a person chose is kept."""
 from __future__ import annotations
 
 import pytest
 
 from app.engine.kv.sizes import KVShape, kv_bytes_per_token, safety_margin
-from app.runtime.auto import AUTO_KV, CONTEXT_STEP, NO_DOCUMENT_CONTEXT, SMALL_KV, choose
+from app.runtime.auto import AUTO_KV, CONTEXT_STEP, NO_DOCUMENT_CONTEXT, SMALL_KV, SPARSE_DECODE_FROM, choose
 from app.runtime.model_files import packaged_model_path, scan_gguf
 from app.settings import Settings
 
@@ -81,6 +81,21 @@ def test_a_document_just_inside_the_trained_context_stays_dense(model):
     doc = trained - 512 - Settings().max_tokens - 8
     c = choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=16 * GIB)
     assert c.wanted <= trained and (c.n_ctx, c.attention) == (trained, "dense")
+
+
+def test_long_documents_inside_the_trained_context_are_read_densely_and_answered_sparsely(tmp_path):
+    """From SPARSE_DECODE_FROM document tokens on, inside the trained window, the answer reads the
+    blocks the question voted for ("sparse-decode"); shorter documents, llama.cpp and documents
+    past the window keep their modes."""
+    from tests.engine.tiny_gguf import TinySpec, write_tiny_model
+
+    path = write_tiny_model(tmp_path / "tiny-32k.gguf", TinySpec(context_length=32768))
+    at = {doc: choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=16 * GIB)
+          for doc in (SPARSE_DECODE_FROM - 1, SPARSE_DECODE_FROM, 30_000, 40_000)}
+    assert [c.attention for c in at.values()] == ["dense", "sparse-decode", "sparse-decode", "sparse"]
+    assert at[30_000].n_ctx == 32768 and at[40_000].n_ctx > 32768
+    assert choose(Settings(), path, "llamacpp", doc_tokens=30_000, free_bytes=16 * GIB).attention == "dense"
+    assert choose(Settings(attention="dense"), path, "ellm", doc_tokens=30_000).attention == "dense"
 
 
 def test_without_documents_a_completion_gets_the_usual_context(model):

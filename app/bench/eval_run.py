@@ -57,6 +57,11 @@ MODES = (
     EvalMode("defaults", "the settings as they are; nothing chosen but the model"),
     EvalMode("dense", "eLLM's engine, dense f16 attention, a context that holds the whole document where it fits",
              engine="ellm", kv="f16", attention="dense", whole_context=True),
+    EvalMode("sparse", "eLLM's engine, f16, sparse attention for the document and the answer, a context that holds "
+             "the whole document", engine="ellm", kv="f16", attention="sparse", whole_context=True),
+    EvalMode("sparse-decode", "eLLM's engine, f16, the document read densely and the answer decoded from the blocks "
+             "the question chose, a context that holds the whole document", engine="ellm", kv="f16",
+             attention="sparse-decode", whole_context=True),
     EvalMode("rag8k", "llama.cpp, 8192-token context: the relevance selection of pages the app falls back to",
              engine="llamacpp", n_ctx=8192),
 )

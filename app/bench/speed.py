@@ -253,12 +253,13 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         if run.attention == AUTO:
             # What a question about a document of that many tokens, answered in decode_steps
             # tokens, runs with nothing chosen (runtime/auto.py): the blocked cache (every question
-            # about documents), dense attention within the trained window, sparse beyond it.
+            # about documents), the document read densely within the trained window (the answer
+            # from the voted blocks from SPARSE_DECODE_FROM tokens on), sparse beyond it.
             groups = [((c,), _auto_attention(cfg, c)) for c in cfg.contexts]
         else:
             groups = [(cfg.contexts, run.attention)]
         for contexts, mode in groups:
-            attention = sparse if mode == "sparse" else SparseConfig(mode="dense")
+            attention = SparseConfig(mode="dense") if mode == "dense" else replace(sparse, mode=mode)
             n_ctx = max(contexts) + cfg.decode_steps + 64
             if progress:
                 progress(f"{run.label}: loading")
@@ -288,7 +289,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                 notes = [f"{AUTO_NOTE}{mode}"] if run.attention == AUTO else []
                 results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
                                            bpt["total"] * decode / 1e9, steps, run.pinned, stored,
-                                           sparse_opts if mode == "sparse" else None, flash_attn, source, notes))
+                                           None if mode == "dense" else sparse_opts, flash_attn, source, notes))
             backend.close()
     rows = [r.as_dict() for r in results]
     add_ratios(rows)

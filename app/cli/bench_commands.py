@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from app.cli.context import CliError, Context, err
+from app.engine.attention.config import MODES
 
 
 def cmd_bench(ctx: Context) -> int:
@@ -24,7 +26,7 @@ def cmd_bench(ctx: Context) -> int:
     kvs = kv_names(a.kv_list)
     attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else "dense"))
     speed = not (a.needle_folder or a.passkey)
-    choices = ("dense", "sparse", "auto") if speed else ("dense", "sparse")
+    choices = (*MODES, "auto") if speed else MODES
     if not attentions:
         raise CliError(f"--attention takes {', '.join(choices)} separated by commas")
     for m in attentions:
@@ -75,7 +77,7 @@ def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
     if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
         raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
     mode = attentions[0] if attentions else "sparse"
-    attention = sparse if (mode == "sparse" and sparse is not None) else SparseConfig(mode=mode)
+    attention = replace(sparse, mode=mode) if (mode != "dense" and sparse is not None) else SparseConfig(mode=mode)
     cfg = NeedleConfig(ctx.model_path, n_docs=a.needle_folder, tokens=a.tokens, trials=a.trials, kv=kvs[0],
                        attention=attention, threads=a.threads or 0, decode_steps=a.steps)
     report = run_needle_folder(cfg, progress=lambda what: err(f"needle: {what}")).as_dict()

@@ -59,7 +59,7 @@ class GenerationStats:
     reused_prompt_tokens: int = 0        # prompt tokens the cache already held
     weight_bytes_per_token: int = 0      # weight bytes one decode step streams
     kv: str = ""                         # the KV format ("f16", "k8v4", ...)
-    attention: str = ""                  # "dense" | "sparse"
+    attention: str = ""                  # "dense" | "sparse" | "sparse-decode"
     kv_bytes_per_token: int = 0          # KV bytes stored per token
     kv_read_bytes_per_token: int = 0     # KV bytes one decode step reads at this context
 

@@ -35,8 +35,8 @@ class EllmBackend:
                  prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True,
                  kv: str = "f16", attention: str | SparseConfig = "dense", planes_dir: str | Path | None = None,
                  documents: bool = False):
-        """kv: a KV setting name (app/engine/kv/formats.py); attention: "dense", "sparse" or a
-        SparseConfig; documents: the backend answers about documents. Which cache that takes is
+        """kv: a KV setting name (app/engine/kv/formats.py); attention: a mode of attention/config.py
+        MODES or a SparseConfig; documents: the backend answers about documents. Which cache that takes is
         model/support.py ``blocked_cache``'s rule: f16 + dense without documents keeps llama.cpp's
         cache and numerics, anything else the blocked cache (app/engine/kv/blocked.py).
         planes_dir: where the repacked weights are kept between starts (quant/planes_file.py;
@@ -153,7 +153,7 @@ class EllmBackend:
         (app/engine/attention/votes.py), so they are computed afresh even when the cache still
         holds them, though never below the document's checkpoint."""
         cache, cfg = self.cache, self.attention
-        if cfg.mode != "sparse" or not cfg.observe:
+        if not cfg.sparse or not cfg.observe:
             self.state.start_question(None)
             return
         start = max(0, len(prompt) - cfg.observe)
@@ -176,9 +176,9 @@ class EllmBackend:
 
     def cache_signature(self) -> dict:
         """What a persisted prefix depends on besides the model and the tokens."""
-        a = self.attention
+        a = self.attention.prompt_config(self.n_ctx, self.model.config.context_length or self.n_ctx)
         return {"kv": self.kv_spec.name, "block": self.kv_spec.block, "attention": a.mode,
-                "sinks": a.sinks, "window": a.window, "top_k": a.top_k, "dense_layers": a.dense_layers,
+                "sinks": a.sinks, "window": a.window, "top_k": a.k, "dense_layers": a.dense_layers,
                 "prefill_chunk": self.prefill_chunk}
 
     def ensure_prefix(self, tokens: Sequence[int], file: CacheFile | None = None,

@@ -26,8 +26,11 @@ KV_TIPS = {"auto": "eLLM chooses: f16, or k8v8 where memory holds the whole docu
            "k4v4": "4-bit keys and values (smallest)"}
 KV_NOW = ("KV cache precision of the answers: eLLM stores it in its blocked cache, llama.cpp as q8_0/q4_0; "
           "the KV quality probe shows what it costs in accuracy")
-ATTENTION_LABELS = {"auto": "automatic (dense within the model's trained context, sparse beyond)",
-                    "dense": "dense (every token)", "sparse": "sparse retrieval (sinks, window, top-K blocks)"}
+ATTENTION_LABELS = {"auto": "automatic (documents read densely within the model's trained context, long ones "
+                            "answered from the voted blocks; sparse beyond)",
+                    "dense": "dense (every token)", "sparse": "sparse retrieval (sinks, window, top-K blocks)",
+                    "sparse-decode": "sparse answers (the document read densely, the answer from the blocks "
+                                     "the question chose)"}
 ATTENTION_TIP = ("eLLM only (llama.cpp always attends densely). Sparse reads a fixed number of KV blocks per "
                  "token, so long documents decode faster, and it finds facts beyond the model's trained context")
 # (label, SparseConfig field or "block", tooltip) of sparse retrieval attention: the engine's defaults,
@@ -36,7 +39,8 @@ SPARSE_FIELDS = (
     ("Block size (tokens)", "block", "B: tokens per KV block"),
     ("Sink tokens", "sinks", "S: the first tokens every query attends to"),
     ("Local window (tokens)", "window", "W: the most recent tokens every query attends to"),
-    ("Retrieved blocks", "top_k", "K: blocks chosen per query by their key bounds"),
+    ("Retrieved blocks", "top_k", "K: blocks each KV head reads besides the sinks and the window, chosen by the "
+                                  "question's votes"),
 )
 SPARSE_FIXED = "the engine's default; `ellm bench --sinks --window --top-k` measures others"
 KV_PROBE_TIP = ("Compares the chosen KV precision with f16 on the first 4096 tokens of the selected document "
@@ -49,15 +53,15 @@ PROBE_START = "KV quality probe…"
 PROBE_CANCEL = "Cancel probe"
 
 
-def sparse_default(name: str) -> int:
-    """The engine's default of a sparse attention option (its KV block for "block")."""
+def sparse_default(name: str, mode: str = "sparse") -> int:
+    """The engine's default of a sparse attention option in ``mode`` (its KV block for "block")."""
     if name == "block":
         from app.engine.kv.formats import BLOCK
 
         return BLOCK
     from app.engine.attention.config import SparseConfig
 
-    return int(getattr(SparseConfig(), name))
+    return int(SparseConfig(mode=mode).options()[name])
 
 
 def probe_summary(result, title: str) -> str:
@@ -408,9 +412,11 @@ class SettingsDialog(QDialog):
 
     def _attention_changed(self) -> None:
         """The sparse options matter (and are shown enabled) only with sparse attention."""
-        sparse = self.attention.currentData() in ("sparse", "auto")
-        for box in self.sparse.values():
-            box.setEnabled(sparse)
+        mode = self.attention.currentData()
+        shown = mode if mode in ("sparse", "sparse-decode") else "sparse"   # auto: sparse beyond the window
+        for name, box in self.sparse.items():
+            box.setValue(sparse_default(name, shown))
+            box.setEnabled(mode != "dense")
 
 
     def _current(self) -> Settings:

@@ -224,8 +224,8 @@ def test_llamacpp_best_runs_flash_attention_on_and_off(cli, tiny, tmp_path, no_b
 
 @pytest.mark.parametrize("args, message", [
     (("--kv", "k2v2"), "--kv: unknown KV setting 'k2v2'"),
-    (("--attention", "dense,fuzzy"), "unknown attention 'fuzzy' in --attention; choose from dense, sparse, auto"),
-    (("--passkey", "--attention", "auto"), "unknown attention 'auto' in --attention; choose from dense, sparse"),
+    (("--attention", "dense,fuzzy"), "unknown attention 'fuzzy' in --attention; choose from dense, sparse, sparse-decode, auto"),
+    (("--passkey", "--attention", "auto"), "unknown attention 'auto' in --attention; choose from dense, sparse, sparse-decode"),
     (("--llamacpp-best", "--llamacpp-kv", "q4_0"), "unknown KV cache 'q4_0' in --llamacpp-kv; choose from f16, k8v8"),
     (("--llamacpp-kv", "f16"), "--llamacpp-kv chooses the caches of --llamacpp-best; add --llamacpp-best"),
     (("--attention", "sparse", "--reselect", "0"), "sparse attention: reselect must be >= 1"),

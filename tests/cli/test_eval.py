@@ -203,13 +203,16 @@ def test_a_wrong_checksum_or_member_is_an_error_naming_the_package_and_file(tmp_
 # ---- modes and the whole-document context --------------------------------------------------
 
 def test_modes_are_settings_overrides():
-    assert [m.name for m in MODES] == ["defaults", "dense", "rag8k"]
+    assert [m.name for m in MODES] == ["defaults", "dense", "sparse", "sparse-decode", "rag8k"]
     assert find_mode("defaults").overrides() == {}
     assert find_mode("dense").overrides(12288) == {"engine": "ellm", "n_ctx": 12288, "kv": "f16",
                                                    "attention": "dense"}
     assert find_mode("rag8k").overrides(12288) == {"engine": "llamacpp", "n_ctx": 8192}
-    with pytest.raises(ValueError, match="unknown mode 'sparse'; choose from defaults, dense, rag8k"):
-        find_mode("sparse")
+    assert find_mode("sparse-decode").overrides(12288) == {"engine": "ellm", "n_ctx": 12288, "kv": "f16",
+                                                         "attention": "sparse-decode"}
+    with pytest.raises(ValueError, match="unknown mode 'quest'; choose from defaults, dense, sparse, "
+                                         "sparse-decode, rag8k"):
+        find_mode("quest")
 
 
 @pytest.fixture(scope="module")
@@ -311,8 +314,8 @@ def test_a_context_too_small_for_the_document_reads_a_relevance_selection(tmp_pa
 def test_unknown_mode_and_missing_documents_are_clear_errors(cli, tmp_path, model):
     pdf = make_pdf(tmp_path / "treaty.pdf", TREATY)
     questions = local_set(tmp_path, pdf)
-    rc, _, err = cli("eval", str(questions), "--modes", "rag8k,sparse", "--docs-dir", str(tmp_path))
-    assert rc == 1 and "--modes: unknown mode 'sparse'" in err
+    rc, _, err = cli("eval", str(questions), "--modes", "rag8k,quest", "--docs-dir", str(tmp_path))
+    assert rc == 1 and "--modes: unknown mode 'quest'" in err
     rc, _, err = cli("eval", str(questions), "--docs-dir", str(tmp_path / "elsewhere"), "--model", str(model))
     assert rc == 1 and "missing or changed:" in err and "elsewhere/treaty.pdf" in err
 

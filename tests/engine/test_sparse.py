@@ -269,6 +269,62 @@ def test_a_question_after_a_document_keeps_its_checkpoint_and_votes_every_layer(
     assert again == first and b.stats.reused_prompt_tokens == len(doc)
 
 
+def test_sparse_decode_reads_the_prompt_as_dense_and_answers_from_the_voted_blocks(tiny_model):
+    from app.engine.backend import SamplingParams
+    from app.engine.ellm_backend import EllmBackend
+
+    opts = dict(sinks=64, window=64, top_k=1, observe=8)
+    doc = np.random.default_rng(9).integers(3, 2000, 640).tolist()
+    question = [11, 12, 13, 14, 15]
+    caches, answers, backends = {}, {}, {}
+    for mode in ("dense", "sparse-decode", "sparse"):
+        b = backends[mode] = EllmBackend(tiny_model("llama", context_length=2048), n_ctx=1024, kv="f16",
+                                         documents=True,
+                                         attention=SparseConfig(mode=mode, **opts))
+        b.ensure_prefix(doc)
+        caches[mode] = [a.copy() for a in b.cache.arrays(b.model.config.n_layers - 1)]   # layer 0's: embeddings only
+        answers[mode] = list(b.generate(doc + question, SamplingParams.make_greedy(6)))
+    # The document and the question are read as dense attention reads them (one cache file) ...
+    assert all(np.array_equal(x, y) for x, y in zip(caches["sparse-decode"], caches["dense"]))
+    assert not all(np.array_equal(x, y) for x, y in zip(caches["sparse"], caches["dense"]))
+    assert backends["sparse-decode"].cache_signature() == backends["dense"].cache_signature()
+    # ... the question voted, and the answer read the voted blocks only: fewer bytes than dense.
+    sd = backends["sparse-decode"]
+    assert sorted(sd.state.votes) == list(range(sd.model.config.n_layers))
+    assert sd.stats.kv_read_bytes_per_token < backends["dense"].stats.kv_read_bytes_per_token
+    assert answers["sparse-decode"][0] == answers["dense"][0]     # the first token comes from the prompt
+
+
+def test_sparse_decode_reads_beyond_the_trained_context_as_sparse_does(tiny_model):
+    model = Model(tiny_model("llama", context_length=256))
+    tokens = np.random.default_rng(4).integers(3, 2000, 600).tolist()
+    logits, dense = {}, SparseConfig(mode="dense")
+    for mode in ("dense", "sparse", "sparse-decode"):
+        cache, state = _cache(model, n_ctx=700, mode=mode, sinks=B, window=2 * B, top_k=2)
+        logits[mode] = prefill(model, cache, tokens, chunk=64, all_logits=True, state=state)
+    # Chunks ending inside the trained 256 tokens are read densely (sparse's ranked some away),
+    # the ones past it compressed into the trained window as sparse's are.
+    assert np.array_equal(logits["sparse-decode"][:256], logits["dense"][:256])
+    assert not np.array_equal(logits["sparse"][:256], logits["dense"][:256])
+    assert np.isfinite(logits["sparse-decode"]).all()
+    assert np.abs(logits["sparse-decode"][256:]).max() < 3 * np.abs(logits["dense"][:256]).max()
+    cfg = SparseConfig(mode="sparse-decode", top_k=2)
+    assert cfg.prompt_config(256, 256) == dense and cfg.prompt_config(700, 256) is cfg
+    assert SparseConfig(mode="dense", top_k=2).prompt_config(700, 256) == dense
+
+
+def test_each_sparse_mode_has_its_own_k_unless_one_is_given():
+    from dataclasses import replace
+
+    assert (SparseConfig().k, SparseConfig(mode="sparse-decode").k) == (16, 64)
+    assert replace(SparseConfig(), mode="sparse-decode").k == 64        # the mode's, not sparse's
+    assert replace(SparseConfig(top_k=5), mode="sparse-decode").k == 5  # a given K stays
+    assert SparseConfig(mode="sparse-decode").options()["top_k"] == 64
+    assert SparseConfig(mode="sparse-decode").budget_tokens(64) == (1 + 64 + 4 + 1) * 64
+    with pytest.raises(ValueError, match="top_k must be >= 0"):
+        SparseConfig(top_k=-1)
+
+
 @pytest.mark.parametrize("split", ["by_queries", "by_keys"])
 @pytest.mark.parametrize("n_tok,group,n_keys", [(50, 3, 2600), (7, 2, 300), (130, 1, 1100), (3, 6, 5000)])
 def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys, split):

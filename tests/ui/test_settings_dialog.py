@@ -121,7 +121,8 @@ def test_every_kv_precision_and_attention_can_be_chosen(qtbot, window):
     dialog = open_dialog(qtbot, window)
     assert [dialog.kv.itemText(i) for i in range(dialog.kv.count())] == list(KV_PRECISIONS)
     assert all(dialog.kv.model().item(i).isEnabled() for i in range(dialog.kv.count()))
-    assert [dialog.attention.itemData(i) for i in range(dialog.attention.count())] == ["auto", "dense", "sparse"]
+    assert [dialog.attention.itemData(i) for i in range(dialog.attention.count())] == ["auto", "dense", "sparse",
+                                                                                 "sparse-decode"]
     assert dialog.kv_probe_button.isEnabled()
 
 
@@ -129,7 +130,7 @@ def test_sparse_options_show_the_engine_defaults_read_only(qtbot, window):
     dialog = open_dialog(qtbot, window)
     defaults = SparseConfig()
     assert {name: dialog.sparse[name].value() for _, name, _ in SPARSE_FIELDS} == {
-        "block": BLOCK, "sinks": defaults.sinks, "window": defaults.window, "top_k": defaults.top_k}
+        "block": BLOCK, "sinks": defaults.sinks, "window": defaults.window, "top_k": defaults.k}
     assert all(box.isReadOnly() for box in dialog.sparse.values())
     assert dialog.attention.currentData() == "auto"          # sparse beyond the trained context: they apply
     assert all(box.isEnabled() for box in dialog.sparse.values())
@@ -137,3 +138,5 @@ def test_sparse_options_show_the_engine_defaults_read_only(qtbot, window):
     assert not any(box.isEnabled() for box in dialog.sparse.values()), "dense attention: they do not apply"
     dialog.attention.setCurrentIndex(dialog.attention.findData("sparse"))
     assert all(box.isEnabled() and box.isReadOnly() for box in dialog.sparse.values())
+    dialog.attention.setCurrentIndex(dialog.attention.findData("sparse-decode"))     # its own K
+    assert dialog.sparse["top_k"].value() == SparseConfig(mode="sparse-decode").k != defaults.k

@@ -147,23 +147,18 @@ def _add_values1(v, p, g, n_valid, acc):
     for e in range(0, head_dim, 32):
         a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero8()
         for j in range(0, j0, 2):
-            pa = splat8(p[g, j])
-            pb = splat8(p[g, j + 1])
-            a0 = fma8(load8_2d(v, j, e), pa, a0)
-            a1 = fma8(load8_2d(v, j, e + 8), pa, a1)
-            a2 = fma8(load8_2d(v, j, e + 16), pa, a2)
-            a3 = fma8(load8_2d(v, j, e + 24), pa, a3)
-            b0 = fma8(load8_2d(v, j + 1, e), pb, b0)
-            b1 = fma8(load8_2d(v, j + 1, e + 8), pb, b1)
-            b2 = fma8(load8_2d(v, j + 1, e + 16), pb, b2)
-            b3 = fma8(load8_2d(v, j + 1, e + 24), pb, b3)
+            a0, a1, a2, a3 = _fma_row(v, j, e, splat8(p[g, j]), a0, a1, a2, a3)
+            b0, b1, b2, b3 = _fma_row(v, j + 1, e, splat8(p[g, j + 1]), b0, b1, b2, b3)
         if j0 < n_valid:
-            pa = splat8(p[g, j0])
-            a0 = fma8(load8_2d(v, j0, e), pa, a0)
-            a1 = fma8(load8_2d(v, j0, e + 8), pa, a1)
-            a2 = fma8(load8_2d(v, j0, e + 16), pa, a2)
-            a3 = fma8(load8_2d(v, j0, e + 24), pa, a3)
+            a0, a1, a2, a3 = _fma_row(v, j0, e, splat8(p[g, j0]), a0, a1, a2, a3)
         _add4(acc, g, e, add8(a0, b0), add8(a1, b1), add8(a2, b2), add8(a3, b3))
+
+
+@njit(inline="always")
+def _fma_row(v, j, e, pj, a0, a1, a2, a3):
+    """(a0, a1, a2, a3) + pj * v[j, e:e + 32]: four 8-lane FMAs."""
+    return (fma8(load8_2d(v, j, e), pj, a0), fma8(load8_2d(v, j, e + 8), pj, a1),
+            fma8(load8_2d(v, j, e + 16), pj, a2), fma8(load8_2d(v, j, e + 24), pj, a3))
 
 
 @njit(inline="always")

@@ -285,8 +285,7 @@ def _gather(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, 
         for j in range(n_valid):
             rotate_vec(kraw[j], cos[place[i]], sin[place[i]], neox, k_out[r0 + j])
             t_out[r0 + j] = b * block + j
-    last = blocks[ns - 1]
-    return (ns - 1) * block + min(block, n - last * block)
+    return _rows(blocks, block, n)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
@@ -315,10 +314,16 @@ def _gather_packed(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_ba
             pack_key(krot, r0 + j, k_hi, k_lo)
             pack_value(vraw[j], r0 + j, v_hi, v_lo)
             t_out[r0 + j] = b * block + j
-    last = blocks[ns - 1]
-    count = (ns - 1) * block + min(block, n - last * block)
+    count = _rows(blocks, block, n)
     zero_padding(count, head_dim, k_hi, k_lo, v_hi, v_lo)
     return count
+
+
+@njit(inline="always")
+def _rows(blocks, block, n):
+    """Keys the gathered blocks hold (of ``n`` cached): every block but the last is whole."""
+    ns = blocks.shape[0]
+    return (ns - 1) * block + min(block, n - blocks[ns - 1] * block)
 
 
 @njit(inline="always")

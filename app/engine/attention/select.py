@@ -69,8 +69,9 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     n_blocks = -(-n // B)
     KVH = cache.config.n_kv_heads
     n_train = cache.config.context_length or n
-    compressed = cfg.mode == "sparse" and n > n_train
-    dense = cfg.mode == "dense" or (layer < cfg.dense_layers and not compressed)
+    compressed = cfg.sparse and n > n_train
+    dense = cfg.mode == "dense" or (not compressed and (layer < cfg.dense_layers
+                                                        or (n_tok > 1 and cfg.dense_prompt)))
     if first_local is None:
         first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
     voted = state.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
@@ -78,8 +79,8 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
         first_local, scores = voted.shape[1], voted
     n_sink = min(-(-cfg.sinks // B), first_local)
     n_cand = first_local - n_sink
-    ranked = not dense and n_cand > cfg.top_k
-    n_chosen = cfg.top_k if ranked else n_cand
+    ranked = not dense and n_cand > cfg.k
+    n_chosen = cfg.k if ranked else n_cand
     if scores is not None:
         scores = np.ascontiguousarray(scores[:, -n_cand:] if voted is not None else scores[:, :n_cand])
     else:
@@ -155,7 +156,7 @@ def _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, 
 def nominal_distance(cfg: SparseConfig, block: int) -> int:
     """Beyond the trained context a candidate block's true distance means nothing to the
     model: it is ranked as if it sat in the middle of the retrieved span."""
-    return cfg.window + cfg.top_k * block // 2
+    return cfg.window + cfg.k * block // 2
 
 
 def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, neox):

@@ -46,7 +46,7 @@ _NEG_INF = np.float32(-np.inf)
 def observing(state: AttentionState, pos0: int, n_tok: int) -> int | None:
     """Index of the first query of the chunk [pos0, pos0 + n_tok) that votes, or None."""
     obs, cfg = state.observe, state.config
-    if obs is None or cfg.mode != "sparse" or cfg.observe == 0:
+    if obs is None or not cfg.sparse or cfg.observe == 0:
         return None
     start, end = obs
     if pos0 + n_tok <= start or pos0 >= end:
@@ -81,7 +81,7 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
     end = candidate_end(cache, cfg, n, pos0)
     n_sink = min(-(-cfg.sinks // B), end)
     n_cand = end - n_sink
-    if n_cand <= cfg.top_k:
+    if n_cand <= cfg.k:
         return None
     cand = np.arange(n_sink, end, dtype=np.int64)                            # (NC,)
     if compressed:   # every block at one nominal distance: the query turns, the keys stay
@@ -102,6 +102,8 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
         _log_mass(a[0], a[1], a[4], a[5], cache.nb_base, cache.spec.k_bits, h, cand, place,
                   cos, sin, neox, qh, scale, PIECE, n_parts, mass[h])
     _add_votes(state, layer, mass, n_sink, end)
+    if cfg.dense_prompt and not compressed:
+        return None      # "sparse-decode": the question itself attends densely; it only votes
     out = np.empty(q.shape, np.float32)                                      # (T, H, HD)
     per_query = mass.reshape(kvh, n_tok, group, n_cand).max(axis=2)          # (KVH, T, NC)
     for t in range(n_tok):

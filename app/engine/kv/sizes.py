@@ -108,11 +108,11 @@ def llamacpp_kv_bytes_per_token(shape: KVShape, kv: str = "f16") -> int:
 
 def kv_read_bytes_per_token(shape: KVShape, kv: str, n_tokens: int, attention=None) -> int:
     """KV bytes one decode step reads with ``n_tokens`` cached: all of them when dense; when
-    sparse (``attention`` a SparseConfig in mode "sparse"), the blocks it attends, plus every
+    sparse (``attention`` a SparseConfig in a sparse mode), the blocks it attends, plus every
     block's key bounds when it ranks by them at each step (observe = 0; ranked by the
     question's votes, decoding reads no bounds: the question read every block once)."""
     stored = kv_bytes_per_token(shape, kv)
-    if attention is None or attention.mode != "sparse":
+    if attention is None or not attention.sparse:
         return stored * n_tokens
     spec = kv_spec(kv)
     block = spec.block

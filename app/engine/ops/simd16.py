@@ -42,6 +42,20 @@ def _flat(arr, dtype) -> bool:
     return isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 1 and arr.dtype == dtype
 
 
+def _binary(vtype, op):
+    """A lane-wise intrinsic of two vectors of ``vtype``: op(builder, a, b)."""
+    def typer(typingctx, a, b):
+        if not (a == b == vtype):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return op(builder, args[0], args[1])
+
+        return vtype(a, b), codegen
+
+    return intrinsic(typer)
+
+
 @intrinsic
 def splat16(typingctx, x):
     """A float32 scalar in all 16 lanes."""
@@ -110,15 +124,7 @@ def fma16(typingctx, a, b, c):
     return vec16(a, b, c), codegen
 
 
-@intrinsic
-def mul16(typingctx, a, b):
-    if not (a == b == vec16):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fmul(args[0], args[1])
-
-    return vec16(a, b), codegen
+mul16 = _binary(vec16, lambda b, x, y: b.fmul(x, y))
 
 
 @intrinsic
@@ -147,15 +153,7 @@ def load16_2d(typingctx, arr, i, j):
     return vec16(arr, i, j), codegen
 
 
-@intrinsic
-def add16(typingctx, a, b):
-    if not (a == b == vec16):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1])
-
-    return vec16(a, b), codegen
+add16 = _binary(vec16, lambda b, x, y: b.fadd(x, y))
 
 
 @intrinsic
@@ -254,21 +252,8 @@ def load16i(typingctx, arr, i):
     return vec16i(arr, i), codegen
 
 
-def _binary16i(op):
-    def typer(typingctx, a, b):
-        if not (a == b == vec16i):
-            return None
-
-        def codegen(context, builder, sig, args):
-            return op(builder, args[0], args[1])
-
-        return vec16i(a, b), codegen
-
-    return intrinsic(typer)
-
-
-add16i = _binary16i(lambda b, x, y: b.add(x, y))
-sub16i = _binary16i(lambda b, x, y: b.sub(x, y))
+add16i = _binary(vec16i, lambda b, x, y: b.add(x, y))
+sub16i = _binary(vec16i, lambda b, x, y: b.sub(x, y))
 
 
 @intrinsic
