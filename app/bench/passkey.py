@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -171,7 +171,7 @@ def run_passkey(cfg: PasskeyConfig, progress: Callable[[str], None] | None = Non
     results, skipped = [], []
     for context in cfg.contexts:
         for engine, kv, attention in variants(cfg):
-            mode = SparseConfig(mode="dense") if attention == "dense" else replace(sparse, mode=attention)
+            mode = sparse.in_mode(attention)
             try:
                 backend = open_engine(engine, cfg.model_path, context + CTX_MARGIN, threads, kv=kv,
                                       attention=mode)

@@ -259,7 +259,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         else:
             groups = [(cfg.contexts, run.attention)]
         for contexts, mode in groups:
-            attention = SparseConfig(mode="dense") if mode == "dense" else replace(sparse, mode=mode)
+            attention = sparse.in_mode(mode)
             n_ctx = max(contexts) + cfg.decode_steps + 64
             if progress:
                 progress(f"{run.label}: loading")

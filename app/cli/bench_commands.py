@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from app.cli.context import CliError, Context, err
@@ -77,7 +76,7 @@ def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
     if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
         raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
     mode = attentions[0] if attentions else "sparse"
-    attention = replace(sparse, mode=mode) if (mode != "dense" and sparse is not None) else SparseConfig(mode=mode)
+    attention = (sparse or SparseConfig()).in_mode(mode)
     cfg = NeedleConfig(ctx.model_path, n_docs=a.needle_folder, tokens=a.tokens, trials=a.trials, kv=kvs[0],
                        attention=attention, threads=a.threads or 0, decode_steps=a.steps)
     report = run_needle_folder(cfg, progress=lambda what: err(f"needle: {what}")).as_dict()

@@ -325,6 +325,14 @@ def test_each_sparse_mode_has_its_own_k_unless_one_is_given():
         SparseConfig(top_k=-1)
 
 
+def test_a_config_in_another_mode_keeps_its_options_unless_dense():
+    mine = SparseConfig(window=512, top_k=5)
+    assert mine.in_mode("sparse-decode") == SparseConfig(mode="sparse-decode", window=512, top_k=5)
+    assert mine.in_mode("dense") == SparseConfig(mode="dense")   # one dense, whatever was given
+    with pytest.raises(ValueError, match="attention must be one of"):
+        mine.in_mode("nearest")
+
+
 @pytest.mark.parametrize("split", ["by_queries", "by_keys"])
 @pytest.mark.parametrize("n_tok,group,n_keys", [(50, 3, 2600), (7, 2, 300), (130, 1, 1100), (3, 6, 5000)])
 def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys, split):

@@ -4,7 +4,7 @@ Light on purpose (no numba): the settings, the command line and the benchmarks r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 MODES = ("dense", "sparse", "sparse-decode")
 # dense: every token reads every earlier one. sparse: the prompt's chunks and each decoded token
@@ -62,6 +62,11 @@ class SparseConfig:
         "sparse-decode" within the trained context reads as "dense" does: one cache file."""
         dense = self.mode == "dense" or (self.dense_prompt and n_ctx <= trained)
         return SparseConfig(mode="dense") if dense else self
+
+    def in_mode(self, mode: str) -> SparseConfig:
+        """These options in ``mode``; dense reads no sparse option, so it gets none of them (and
+        its persisted caches one signature)."""
+        return SparseConfig(mode="dense") if mode == "dense" else replace(self, mode=mode)
 
     def options(self) -> dict:
         """The tunable options (every field but the mode), as reports list them."""

@@ -10,8 +10,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.f16 import round_f16
-from ..ops.simd import fma8, hsum8, load8_2d, splat8, store8_2d, zero8
-from .ggml_lanes import dot_main, reduce_lanes8, reduce_lanes32, softmax
+from ..ops.simd import fma8, hsum8, load8_2d, splat8, splat8_2d, store8_2d, zero8
+from .ggml_lanes import dot_main, dot_main4, reduce_lanes8, reduce_lanes32, softmax
 
 # ---- One query token (decode) -----------------------------------------------------------------
 
@@ -24,7 +24,8 @@ def _scores_group(k, q16, n_kv, scale, s):
     """s[g, j] = (K[j] . q16[g]) * scale for the query heads g of one GQA group, with
     ggml_vec_dot_f16's lanes. Key rows are converted from f16 once, KEY_BLOCK at a time, for
     all the heads (converting them for each head's dot cost half the kernel); each dot keeps
-    its own accumulators and order, so the scores are the same bits. HD % 32 == 0.
+    its own accumulators and order, so the scores are the same bits (four keys at a time,
+    ``dot_main4``). HD % 32 == 0.
 
     k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32;  s  # (G, >= n_kv) float32
     """
@@ -35,38 +36,87 @@ def _scores_group(k, q16, n_kv, scale, s):
         for i in range(nb):
             for e in range(0, head_dim, 8):
                 store8_2d(load8_2d(k, j0 + i, e), kf, i, e)
+        n4 = nb - nb % 4
         for g in range(q16.shape[0]):
-            for i in range(nb):
+            for i in range(0, n4, 4):
+                d0, d1, d2, d3 = dot_main4(kf, i, q16, g, head_dim)
+                s[g, j0 + i], s[g, j0 + i + 1] = d0 * scale, d1 * scale
+                s[g, j0 + i + 2], s[g, j0 + i + 3] = d2 * scale, d3 * scale
+            for i in range(n4, nb):
                 s[g, j0 + i] = dot_main(kf, i, q16, g, head_dim) * scale
+
+
+VALUE_BLOCK = 512        # value rows converted to f32 at a time (256 KiB at HD 128: in L2)
+_CHUNK_ROWS = VALUE_BLOCK + 2   # rows of one 8-dim chunk in that copy: not a multiple of 4 KiB apart
+
+
+@njit(inline="always")
+def _load4(a, lane, d):
+    return load8_2d(a, lane, d), load8_2d(a, lane + 1, d), load8_2d(a, lane + 2, d), load8_2d(a, lane + 3, d)
+
+
+@njit(inline="always")
+def _store4(sums, a, lane, d):
+    store8_2d(sums[0], a, lane, d)
+    store8_2d(sums[1], a, lane + 1, d)
+    store8_2d(sums[2], a, lane + 2, d)
+    store8_2d(sums[3], a, lane + 3, d)
+
+
+@njit(inline="always")
+def _fma4(vf, row, p, g, j, sums):
+    """Four consecutive rows of one chunk of V times p[g, j .. j + 3], each into its own sum."""
+    return (fma8(load8_2d(vf, row, 0), splat8_2d(p, g, j), sums[0]),
+            fma8(load8_2d(vf, row + 1, 0), splat8_2d(p, g, j + 1), sums[1]),
+            fma8(load8_2d(vf, row + 2, 0), splat8_2d(p, g, j + 2), sums[2]),
+            fma8(load8_2d(vf, row + 3, 0), splat8_2d(p, g, j + 3), sums[3]))
 
 
 @njit(inline="always")
 def _values_group(p, v, n_kv, acc):
     """acc[g, l] = sum over j = l, l + 32, ... of p[g, j] * V[j], by FMA in j order: for each
     query head g of a GQA group, the 32 partial sums of ggml_vec_dot_f16 over the cell index
-    (dense.py's ``_weighted_values`` with 32 lanes). 32 dims at a time, so a row of V (one cache line)
-    is read once for every head of the group and the group's partial sums stay in L1.
+    (dense.py's ``_weighted_values`` with 32 lanes).
+
+    Why this shape: V is converted from f16 once for all the group's heads, VALUE_BLOCK rows at a
+    time, into 8-dim chunks whose rows are contiguous; then for each head and chunk, 16 of the 32
+    lane sums at a time stay in registers over the block's rows (lane l takes rows l, l + 32, ...:
+    the same adds in the same order, so the same bits). Sums kept in memory instead (a load and a
+    store around every multiply-add) made this kernel twice as slow.
 
     p  # (G, >= n_kv) float32, probabilities already rounded to f16
-    v  # (C, HD) uint16 f16 bits, HD % 32 == 0;  acc  # (G, 32, HD) float32, overwritten
+    v  # (C, HD) uint16 f16 bits, HD % 8 == 0;  acc  # (G, 32, HD) float32, overwritten
     """
     n_group = p.shape[0]
-    head_dim = v.shape[1]
+    n_chunks = v.shape[1] // 8
+    vf = np.empty((n_chunks * _CHUNK_ROWS, 8), dtype=np.float32)  # (chunks x rows, 8) the block in f32
     acc[:] = 0.0
-    for d in range(0, head_dim, 32):
-        for j in range(n_kv):
-            lane = j & 31
-            v0 = load8_2d(v, j, d)
-            v1 = load8_2d(v, j, d + 8)
-            v2 = load8_2d(v, j, d + 16)
-            v3 = load8_2d(v, j, d + 24)
-            for g in range(n_group):
-                a = acc[g]  # (32, HD) float32
-                pv = splat8(p[g, j])
-                store8_2d(fma8(v0, pv, load8_2d(a, lane, d)), a, lane, d)
-                store8_2d(fma8(v1, pv, load8_2d(a, lane, d + 8)), a, lane, d + 8)
-                store8_2d(fma8(v2, pv, load8_2d(a, lane, d + 16)), a, lane, d + 16)
-                store8_2d(fma8(v3, pv, load8_2d(a, lane, d + 24)), a, lane, d + 24)
+    for jb in range(0, n_kv, VALUE_BLOCK):   # jb % 32 == 0: row i of a block is lane i & 31
+        nb = min(VALUE_BLOCK, n_kv - jb)
+        for i in range(nb):
+            for c in range(n_chunks):
+                store8_2d(load8_2d(v, jb + i, 8 * c), vf, c * _CHUNK_ROWS + i, 0)
+        n32 = nb - nb % 32
+        for g in range(n_group):
+            a = acc[g]  # (32, HD) float32
+            for c in range(n_chunks):
+                d, base = 8 * c, c * _CHUNK_ROWS
+                for half in range(0, 32, 16):
+                    s0, s1 = _load4(a, half, d), _load4(a, half + 4, d)
+                    s2, s3 = _load4(a, half + 8, d), _load4(a, half + 12, d)
+                    for r in range(half, n32, 32):
+                        s0 = _fma4(vf, base + r, p, g, jb + r, s0)
+                        s1 = _fma4(vf, base + r + 4, p, g, jb + r + 4, s1)
+                        s2 = _fma4(vf, base + r + 8, p, g, jb + r + 8, s2)
+                        s3 = _fma4(vf, base + r + 12, p, g, jb + r + 12, s3)
+                    _store4(s0, a, half, d)
+                    _store4(s1, a, half + 4, d)
+                    _store4(s2, a, half + 8, d)
+                    _store4(s3, a, half + 12, d)
+                for i in range(n32, nb):   # the last rows, fewer than 32
+                    lane = i & 31
+                    store8_2d(fma8(load8_2d(vf, base + i, 0), splat8_2d(p, g, jb + i), load8_2d(a, lane, d)),
+                              a, lane, d)
 
 
 @njit(cache=True, nogil=True, parallel=True)

@@ -90,6 +90,31 @@ def dot_main(k, j, q16, g, n_main):
 
 
 @njit(inline="always")
+def _fma4(k, j, e, q0, q1, q2, q3, g0, g1, g2, g3):
+    """One step of ``dot_main`` for row j: its four accumulators plus K[j, e:e + 32] * q."""
+    return (fma8(load8_2d(k, j, e), q0, g0), fma8(load8_2d(k, j, e + 8), q1, g1),
+            fma8(load8_2d(k, j, e + 16), q2, g2), fma8(load8_2d(k, j, e + 24), q3, g3))
+
+
+@njit(inline="always")
+def dot_main4(k, j, q16, g, n_main):
+    """``dot_main`` of rows j .. j + 3 at once: the same accumulators and order for each row (the
+    same bits), sixteen chains in flight instead of four, and each step of q loaded once for the
+    four rows (one row at a time waited on its FMAs' latency: 1.3x slower on an AMD EPYC)."""
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero8()
+    c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = zero8()
+    for e in range(0, n_main, 32):
+        q0, q1 = load8_2d(q16, g, e), load8_2d(q16, g, e + 8)
+        q2, q3 = load8_2d(q16, g, e + 16), load8_2d(q16, g, e + 24)
+        a0, a1, a2, a3 = _fma4(k, j, e, q0, q1, q2, q3, a0, a1, a2, a3)
+        b0, b1, b2, b3 = _fma4(k, j + 1, e, q0, q1, q2, q3, b0, b1, b2, b3)
+        c0, c1, c2, c3 = _fma4(k, j + 2, e, q0, q1, q2, q3, c0, c1, c2, c3)
+        d0, d1, d2, d3 = _fma4(k, j + 3, e, q0, q1, q2, q3, d0, d1, d2, d3)
+    return (reduce4x8(a0, a1, a2, a3), reduce4x8(b0, b1, b2, b3), reduce4x8(c0, c1, c2, c3),
+            reduce4x8(d0, d1, d2, d3))
+
+
+@njit(inline="always")
 def vec_dot_f16(k, j, q16, g):
     """K[j] . q16[g] with ggml_vec_dot_f16's lanes: ``dot_main``, then the leftovers
     (HD % 32) added in double.

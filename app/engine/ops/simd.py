@@ -102,16 +102,34 @@ def zero8(typingctx):
     return vec8(), codegen
 
 
+def _splat(builder, x):
+    v = builder.insert_element(ir.Constant(V8F, ir.Undefined), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(V8F, ir.Undefined), ir.Constant(ir.VectorType(I32, 8), [0] * 8))
+
+
 @intrinsic
 def splat8(typingctx, x):
     if x != types.float32:
         return None
 
     def codegen(context, builder, sig, args):
-        v = builder.insert_element(ir.Constant(V8F, ir.Undefined), args[0], ir.Constant(I32, 0))
-        return builder.shuffle_vector(v, ir.Constant(V8F, ir.Undefined), ir.Constant(ir.VectorType(I32, 8), [0] * 8))
+        return _splat(builder, args[0])
 
     return vec8(x), codegen
+
+
+@intrinsic
+def splat8_2d(typingctx, arr, i, j):
+    """arr[i, j] of a 2-D C-contiguous float32 array in all 8 lanes, read straight from memory
+    (one vbroadcastss): numba's own arr[i, j] wraps negative indices, a compare and a move per
+    read, which cost more than the multiply-add it feeds in a hot loop."""
+    if not (_is_c(arr, (types.float32,)) and arr.ndim == 2):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, builder.load(elem_ptr(context, builder, sig.args[0], args[0], list(args[1:]))))
+
+    return vec8(arr, i, j), codegen
 
 
 def _load8_codegen(context, builder, sig, args):
@@ -167,15 +185,22 @@ def fma8(typingctx, a, b, c):
     return vec8(a, b, c), codegen
 
 
-@intrinsic
-def add8(typingctx, a, b):
-    if not (a == b == vec8):
-        return None
+def lanewise(vtype, op):
+    """A lane-wise intrinsic of two vectors of ``vtype`` (vec8 here; simd_int's and simd16's
+    vectors too): op(builder, a, b) gives the result, a vector of the same type."""
+    def typer(typingctx, a, b):
+        if not (a == b == vtype):
+            return None
 
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1])
+        def codegen(context, builder, sig, args):
+            return op(builder, args[0], args[1])
 
-    return vec8(a, b), codegen
+        return vtype(a, b), codegen
+
+    return intrinsic(typer)
+
+
+add8 = lanewise(vec8, lambda b, x, y: b.fadd(x, y))
 
 
 def _lanes(builder, v):
@@ -212,16 +237,8 @@ def hadd_sum8(typingctx, a):
     return types.float32(a), codegen
 
 
-@intrinsic
-def max8(typingctx, a, b):
-    """Lane-wise max (vmaxps): numba's max() of two floats keeps its NaN rule and does not vectorise."""
-    if not (a == b == vec8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
-
-    return vec8(a, b), codegen
+# Lane-wise max (vmaxps): numba's max() of two floats keeps its NaN rule and does not vectorise.
+max8 = lanewise(vec8, lambda b, x, y: b.select(b.fcmp_ordered(">", x, y), x, y))
 
 
 @intrinsic
@@ -253,15 +270,7 @@ def store8(typingctx, v, arr, i):
     return types.none(v, arr, i), codegen
 
 
-@intrinsic
-def mul8(typingctx, a, b):
-    if not (a == b == vec8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fmul(args[0], args[1])
-
-    return vec8(a, b), codegen
+mul8 = lanewise(vec8, lambda b, x, y: b.fmul(x, y))
 
 
 V8I = ir.VectorType(I32, 8)

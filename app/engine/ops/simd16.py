@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.datamodel import models
 from numba.extending import intrinsic, register_model
 
-from .simd import I32, elem_ptr, vec8
+from .simd import I32, elem_ptr, lanewise, vec8
 from .simd_int import vec8i
 
 V16F = ir.VectorType(ir.FloatType(), 16)
@@ -40,20 +40,6 @@ class _Vec16Model(models.PrimitiveModel):
 
 def _flat(arr, dtype) -> bool:
     return isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 1 and arr.dtype == dtype
-
-
-def _binary(vtype, op):
-    """A lane-wise intrinsic of two vectors of ``vtype``: op(builder, a, b)."""
-    def typer(typingctx, a, b):
-        if not (a == b == vtype):
-            return None
-
-        def codegen(context, builder, sig, args):
-            return op(builder, args[0], args[1])
-
-        return vtype(a, b), codegen
-
-    return intrinsic(typer)
 
 
 @intrinsic
@@ -124,7 +110,7 @@ def fma16(typingctx, a, b, c):
     return vec16(a, b, c), codegen
 
 
-mul16 = _binary(vec16, lambda b, x, y: b.fmul(x, y))
+mul16 = lanewise(vec16, lambda b, x, y: b.fmul(x, y))
 
 
 @intrinsic
@@ -153,7 +139,7 @@ def load16_2d(typingctx, arr, i, j):
     return vec16(arr, i, j), codegen
 
 
-add16 = _binary(vec16, lambda b, x, y: b.fadd(x, y))
+add16 = lanewise(vec16, lambda b, x, y: b.fadd(x, y))
 
 
 @intrinsic
@@ -252,8 +238,8 @@ def load16i(typingctx, arr, i):
     return vec16i(arr, i), codegen
 
 
-add16i = _binary(vec16i, lambda b, x, y: b.add(x, y))
-sub16i = _binary(vec16i, lambda b, x, y: b.sub(x, y))
+add16i = lanewise(vec16i, lambda b, x, y: b.add(x, y))
+sub16i = lanewise(vec16i, lambda b, x, y: b.sub(x, y))
 
 
 @intrinsic

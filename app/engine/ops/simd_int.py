@@ -27,7 +27,7 @@ from numba.core import cgutils
 from numba.core.datamodel import models
 from numba.extending import intrinsic, register_model
 
-from .simd import V8F, elem_ptr, vec8
+from .simd import V8F, elem_ptr, lanewise, vec8
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 V32I8 = ir.VectorType(I8, 32)
@@ -216,16 +216,7 @@ def zero8i(typingctx):
 # ---- lane-wise integer operations ---------------------------------------------------------
 
 def _binary(op):
-    def typer(typingctx, a, b):
-        if not (a == b == vec8i):
-            return None
-
-        def codegen(context, builder, sig, args):
-            return op(builder, args[0], args[1])
-
-        return vec8i(a, b), codegen
-
-    return intrinsic(typer)
+    return lanewise(vec8i, op)
 
 
 vand = _binary(lambda b, x, y: b.and_(x, y))
