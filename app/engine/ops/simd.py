@@ -102,9 +102,11 @@ def zero8(typingctx):
     return vec8(), codegen
 
 
-def _splat(builder, x):
-    v = builder.insert_element(ir.Constant(V8F, ir.Undefined), x, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(V8F, ir.Undefined), ir.Constant(ir.VectorType(I32, 8), [0] * 8))
+def splat(builder, x, ty=V8F):
+    """The scalar x in every lane of a vector of LLVM type ``ty`` (the codegen of every splat here,
+    in simd_int and in simd16)."""
+    v = builder.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(ty, ir.Undefined), ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count))
 
 
 @intrinsic
@@ -113,7 +115,7 @@ def splat8(typingctx, x):
         return None
 
     def codegen(context, builder, sig, args):
-        return _splat(builder, args[0])
+        return splat(builder, args[0])
 
     return vec8(x), codegen
 
@@ -127,7 +129,7 @@ def splat8_2d(typingctx, arr, i, j):
         return None
 
     def codegen(context, builder, sig, args):
-        return _splat(builder, builder.load(elem_ptr(context, builder, sig.args[0], args[0], list(args[1:]))))
+        return splat(builder, builder.load(elem_ptr(context, builder, sig.args[0], args[0], list(args[1:]))))
 
     return vec8(arr, i, j), codegen
 

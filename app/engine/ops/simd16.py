@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.datamodel import models
 from numba.extending import intrinsic, register_model
 
-from .simd import I32, elem_ptr, lanewise, vec8
+from .simd import I32, elem_ptr, lanewise, splat, vec8
 from .simd_int import vec8i
 
 V16F = ir.VectorType(ir.FloatType(), 16)
@@ -49,8 +49,7 @@ def splat16(typingctx, x):
         return None
 
     def codegen(context, builder, sig, args):
-        v = builder.insert_element(ir.Constant(V16F, ir.Undefined), args[0], ir.Constant(I32, 0))
-        return builder.shuffle_vector(v, ir.Constant(V16F, ir.Undefined), ir.Constant(V16I, [0] * 16))
+        return splat(builder, args[0], V16F)
 
     return vec16(x), codegen
 

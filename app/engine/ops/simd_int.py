@@ -27,7 +27,7 @@ from numba.core import cgutils
 from numba.core.datamodel import models
 from numba.extending import intrinsic, register_model
 
-from .simd import V8F, elem_ptr, lanewise, vec8
+from .simd import V8F, elem_ptr, lanewise, splat, vec8
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 V32I8 = ir.VectorType(I8, 32)
@@ -86,11 +86,6 @@ def _flat(arr, dtypes) -> bool:
     return isinstance(arr, types.Array) and arr.layout == "C" and arr.ndim == 1 and arr.dtype in dtypes
 
 
-def _splat(builder, value, ty=V8I, lanes=8):
-    v = builder.insert_element(ir.Constant(ty, ir.Undefined), value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(ty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-
-
 def _as_i32(builder, value, ty):
     """An integer scalar of numba type ty as an LLVM i32 (truncated or extended)."""
     width = value.type.width
@@ -140,7 +135,7 @@ def bcast32(typingctx, arr, i):
 
     def codegen(context, builder, sig, args):
         ptr = elem_ptr(context, builder, sig.args[0], args[0], [args[1]])
-        return _splat(builder, builder.load(builder.bitcast(ptr, I32.as_pointer()), align=1))
+        return splat(builder, builder.load(builder.bitcast(ptr, I32.as_pointer()), align=1), V8I)
 
     return vec8i(arr, i), codegen
 
@@ -186,7 +181,7 @@ def scale_halves(typingctx, arr, i):
         lo = builder.sext(builder.load(ptr), I16)
         hi = builder.sext(builder.load(builder.gep(ptr, [ir.Constant(I32, 1)])), I16)
         v8 = ir.VectorType(I16, 8)
-        both = builder.shuffle_vector(_splat(builder, lo, v8), _splat(builder, hi, v8),
+        both = builder.shuffle_vector(splat(builder, lo, v8), splat(builder, hi, v8),
                                       ir.Constant(ir.VectorType(I32, 16), list(range(16))))
         return builder.bitcast(both, V8I)
 
@@ -200,7 +195,7 @@ def splat32(typingctx, x):
         return None
 
     def codegen(context, builder, sig, args):
-        return _splat(builder, _as_i32(builder, args[0], sig.args[0]))
+        return splat(builder, _as_i32(builder, args[0], sig.args[0]), V8I)
 
     return vec8i(x), codegen
 
@@ -236,7 +231,7 @@ def _shift(op):
             return None
 
         def codegen(context, builder, sig, args):
-            return op(builder, args[0], _splat(builder, _as_i32(builder, args[1], sig.args[1])))
+            return op(builder, args[0], splat(builder, _as_i32(builder, args[1], sig.args[1]), V8I))
 
         return vec8i(a, n), codegen
 
