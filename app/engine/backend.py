@@ -110,6 +110,7 @@ class Capabilities:
     prefix_files: bool = False     # persists a prefix's KV cache in a file and loads it again
     composes: bool = False         # lays several prefixes' caches side by side in one context
     attended_blocks: bool = False  # reports the blocks an answer attended to (citations)
+    focus: bool = False            # the next answer can be told to read given passages (``focus``)
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,12 @@ class Backend(Protocol):
     def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
         """(first token, end token, share of the mass) of the blocks the last answer attended
         to most, largest first; empty when the backend does not report them."""
+        ...
+
+    def focus(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """The next generation's answer also reads the cached tokens [start, end) of each range,
+        whatever its attention chooses (passages a relevance ranking found); only where
+        ``capabilities.focus``."""
         ...
 
     def close(self) -> None: ...

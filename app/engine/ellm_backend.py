@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,9 @@ class EllmBackend:
         # How the current question reads the blocked cache (votes, selections, attention mass).
         self.state = AttentionState(self.attention) if self.blocked else None
         self.capabilities = Capabilities(prefix_files=self.blocked, composes=self.blocked,
-                                         attended_blocks=self.blocked)
+                                         attended_blocks=self.blocked,
+                                         focus=self.blocked and self.attention.mode != "dense")
+        self._focus = np.zeros(0, np.int64)           # (F,) blocks the next answer reads besides
         self.prefix_multiple = self.kv_spec.block if self.blocked else 1
         self.prefill_chunk = prefill_chunk
         self.stats = GenerationStats()
@@ -97,6 +100,7 @@ class EllmBackend:
         """Prefill ``prompt`` (only the part not already cached), then yield generated ids
         until an end-of-generation token, max_tokens, a full context, or ``cancel()``."""
         prompt = [int(t) for t in prompt]
+        focus, self._focus = self._focus, np.zeros(0, np.int64)     # told for this answer only
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         if len(prompt) >= self.n_ctx:
@@ -104,15 +108,15 @@ class EllmBackend:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx} "
                 f"(prompt + answer): shorten the prompt or open {Path(self.model_path).name} "
                 f"with a larger n_ctx")
-        return self._generate(prompt, params, cancel)
+        return self._generate(prompt, params, cancel, focus)
 
     def _generate(self, prompt: list[int], params: SamplingParams,
-                  cancel: Callable[[], bool] | None) -> Iterator[int]:
+                  cancel: Callable[[], bool] | None, focus: np.ndarray) -> Iterator[int]:
         _apply_threads(self._thread_plan)  # numba's thread count is per calling thread
         self.stats = stats = GenerationStats(prompt_tokens=len(prompt))
         t0 = time.perf_counter()
         if self.blocked:
-            self._observe(prompt)
+            self._observe(prompt, focus)
         logits, reused = prefill_reusing_prefix(self.model, self.cache, prompt, self.prefill_chunk, cancel,
                                                 state=self.state)
         stats.prefill_s = time.perf_counter() - t0
@@ -145,16 +149,20 @@ class EllmBackend:
         stats.kv, stats.attention = self.kv_spec.name, self.attention.mode
         stats.kv_bytes_per_token = self.kv_bytes_per_token()
         sparse = self.attention if self.blocked else None
+        extra = self.state.focus_read(self.cache.n_tokens, self.kv_spec.block) if sparse is not None else 0
+        if extra:                                                 # the focus comes on top of K
+            sparse = replace(sparse, top_k=sparse.k + extra)
         stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,
                                                                 self.cache.n_tokens, sparse)
 
-    def _observe(self, prompt: list[int]) -> None:
+    def _observe(self, prompt: list[int], focus: np.ndarray) -> None:
         """Sparse attention: the prompt's last tokens choose the blocks decoding reads
         (app/engine/attention/votes.py), so they are computed afresh even when the cache still
-        holds them, though never below the document's checkpoint."""
+        holds them, though never below the document's checkpoint; decoding also reads the
+        ``focus`` blocks."""
         cache, cfg = self.cache, self.attention
         if not cfg.sparse or not cfg.observe:
-            self.state.start_question(None)
+            self.state.start_question(None, focus)
             return
         start = max(0, len(prompt) - cfg.observe)
         cp = cache.checkpoint
@@ -163,7 +171,7 @@ class EllmBackend:
         start = min(start, len(prompt) - 1)
         if cache.n_tokens > start:
             cache.truncate(start)
-        self.state.start_question((start, len(prompt)))
+        self.state.start_question((start, len(prompt)), focus)
 
     # ---- Protocol: the KV cache and document prefixes -------------------------------------
 
@@ -286,6 +294,15 @@ class EllmBackend:
                 _checked(f, lambda f: kv_files.append(cache, f.path, f.meta, skip=skip))
         cache.set_checkpoint()
         return offsets
+
+    def focus(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """The next answer reads the blocks holding tokens [start, end) of each range besides the
+        blocks its attention chooses (sparse modes; the dense modes read everything anyway)."""
+        if not self.capabilities.focus:
+            return
+        b = self.kv_spec.block
+        blocks = [b0 for s, e in ranges if e > s for b0 in range(s // b, -(-e // b))]
+        self._focus = np.array(list(dict.fromkeys(blocks)), np.int64)   # (F,) best passage first
 
     def reserve(self, n_ctx: int) -> None:
         """Hold at least ``n_ctx`` tokens (a question over many documents' caches)."""

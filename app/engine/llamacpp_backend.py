@@ -279,5 +279,8 @@ class LlamaCppBackend:
     def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
         return []
 
+    def focus(self, ranges: Sequence[tuple[int, int]]) -> None:
+        pass      # dense attention reads every cached token anyway
+
     def close(self) -> None:
         self.llm.close()

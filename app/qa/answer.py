@@ -10,8 +10,9 @@ one generation:
   when they fit, else the pages most relevant to the question (qa/pages.py), and the answer says
   so. A single document's prefix cache is reused from memory or its file (qa/doc_cache.py).
 
-Either way the answer streams; its citations are the pages it relied on (qa/citations.py) and,
-where the engine reports attention, the passages it attended to (qa/attended.py).
+Either way the answer streams; with sparse attention it also reads the passages that BM25 ranks
+best for the question (qa/focus.py). Its citations are the pages it relied on (qa/citations.py)
+and, where the engine reports attention, the passages it attended to (qa/attended.py).
 
 Time is counted honestly: ``timings["ttft_s"]`` runs from the question to the first answer
 token, everything included (reading a document into its cache, laying caches side by side,
@@ -30,8 +31,10 @@ from app.qa import across
 from app.qa.attended import attended_passages
 from app.qa.citations import cite
 from app.qa.doc_cache import DocCaches, store_cache_dir
+from app.qa.focus import focus_ranges
 from app.qa.pages import TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context, token_counter
 from app.qa.prompt import SYSTEM_PROMPT, Prompt, build_prompt
+from app.qa.spans import Segment
 from app.store import Store
 
 
@@ -177,9 +180,12 @@ class _Job:
         status = self.caches.prepare(backend, single, prompt.prefix, stream.stop_now,
                                      ReadingProgress(self.progress, title))
         prefix_s = time.perf_counter() - t_prefix
-        text = stream.run(prompt.tokens) if status is not None else ""
-        timings = self._timings(stream, kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         segments = [(0, len(prompt.prefix), prompt.prefix_text, plan)]
+        text = ""
+        if status is not None:
+            self._focus(segments)
+            text = stream.run(prompt.tokens)
+        timings = self._timings(stream, kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         return self._finish(text, stream, timings, plan, list(doc_ids), segments)
 
     def across(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
@@ -211,6 +217,10 @@ class _Job:
             raise AskError(str(e)) from e
         compose_s = time.perf_counter() - t_compose
         first = considered[0].prompt
+        segments = [(0, len(first.prefix), first.prefix_text, ContextPlan(pages=considered[0].pages))]
+        segments += [(off, len(p.prompt.doc), p.prompt.doc_text, ContextPlan(pages=p.pages))
+                     for off, p in zip(offsets[1:], considered[1:])]
+        self._focus(segments)
         text = stream.run(first.prefix + [t for p in considered[1:] for t in p.prompt.doc] + first.suffix)
         timings = self._timings(stream, kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
                                 compose_s=round(compose_s, 4))
@@ -218,9 +228,6 @@ class _Job:
         plan = ContextPlan(pages=pages, doc_tokens=sum(len(p.prefix) for p in parts),
                            used_tokens=sum(len(p.prefix) for p in considered), budget=backend.n_ctx,
                            total_pages=len(pages))
-        segments = [(0, len(first.prefix), first.prefix_text, ContextPlan(pages=considered[0].pages))]
-        segments += [(off, len(p.prompt.doc), p.prompt.doc_text, ContextPlan(pages=p.pages))
-                     for off, p in zip(offsets[1:], considered[1:])]
         result = self._finish(text, stream, timings, plan, [p.doc_id for p in considered], segments, keep=False)
         result.considered = [{"doc": p.doc_id, "title": p.title} for p in considered]
         result.note = note
@@ -228,6 +235,11 @@ class _Job:
         return result
 
     # ---- shared ------------------------------------------------------------------------
+
+    def _focus(self, segments: list[Segment]) -> None:
+        """Sparse attention: the answer also reads the passages BM25 ranks best (qa/focus.py)."""
+        if self.backend.capabilities.focus:
+            self.backend.focus(focus_ranges(self.store, self.backend, self.question, segments))
 
     def _timings(self, stream: AnswerStream, **parts) -> dict:
         timings = self.backend.stats.as_dict()
@@ -239,7 +251,7 @@ class _Job:
         return timings
 
     def _finish(self, text: str, stream: AnswerStream, timings: dict, plan: ContextPlan, doc_ids: list[int],
-                segments: list[tuple[int, int, str, ContextPlan]], keep: bool = True) -> Answer:
+                segments: list[Segment], keep: bool = True) -> Answer:
         backend = self.backend
         citations = cite(self.store, text, self.question, plan) if text else []
         result = Answer(self.question, text, citations, timings, plan, backend.name, self.model_name, doc_ids,

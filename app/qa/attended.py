@@ -2,49 +2,21 @@
 
 The engine sums, per KV block, the attention mass every layer and head gave it during the
 answer (app/engine/attention/blocks.py). Here those blocks, spans of prompt tokens, are mapped
-through byte offsets to the pages of the prompt (qa/prompt.py lays pages out with ``[Page N]``
-markers) and to the text they hold. Blocks outside the documents (system prompt, question,
-the answer itself) are left out; the weights are shares of the mass the documents received.
+through byte offsets to the pages of the prompt (qa/spans.py) and to the text they hold. Blocks
+outside the documents (system prompt, question, the answer itself) are left out; the weights
+are shares of the mass the documents received.
 """
 from __future__ import annotations
 
 from app.engine.backend import Backend
-from app.qa.pages import ContextPlan
+from app.qa.spans import Segment, page_spans, token_offsets
 
 MAX_ATTENDED = 5
 PASSAGE_CHARS = 300
 _BLOCKS_CONSIDERED = 64
 
 
-def _page_spans(prefix: bytes, plan: ContextPlan) -> list[tuple[int, int, int, int]]:
-    """(start, end, doc_id, page) byte spans of each page's text inside the prompt prefix,
-    found by walking the page markers in the order format_pages wrote them."""
-    spans, at = [], 0
-    for p in plan.pages:
-        marker = f"[Page {p.number}]\n".encode()
-        i = prefix.find(marker, at)
-        if i < 0:
-            continue
-        start = i + len(marker)
-        spans.append([start, len(prefix), p.doc_id, p.number])
-        if len(spans) > 1:
-            spans[-2][1] = min(spans[-2][1], i)
-        at = start
-    return [tuple(s) for s in spans]
-
-
-def token_offsets(backend, tokens: list[int], text: bytes) -> list[int]:
-    """Byte offset in ``text`` where each token starts (len(tokens) + 1 entries). Tokens
-    the text does not spell (a BOS added in front) map to offset 0."""
-    ends, total = [0], 0
-    for t in tokens:
-        total += len(backend.token_bytes(t))
-        ends.append(total)
-    shift = max(0, total - len(text))
-    return [max(0, e - shift) for e in ends]
-
-
-def attended_passages(backend: Backend, segments: list[tuple[int, int, str, ContextPlan]]) -> list[dict]:
+def attended_passages(backend: Backend, segments: list[Segment]) -> list[dict]:
     """[{"doc", "page", "text", "weight"}] of the pages the answer attended to most, over the
     document prefixes the cache holds: segments = (first token, token count, prefix text, plan)
     of each (one, or several side by side)."""
@@ -54,7 +26,7 @@ def attended_passages(backend: Backend, segments: list[tuple[int, int, str, Cont
     mapped = []   # (token start, token end, byte offsets, prefix bytes, page spans)
     for start, count, text, plan in segments:
         prefix = text.encode("utf-8")
-        spans = _page_spans(prefix, plan)
+        spans = page_spans(prefix, plan)
         if spans:
             tokens = backend.cached_tokens(start, start + count)
             mapped.append((start, start + count, token_offsets(backend, tokens, prefix), prefix, spans))

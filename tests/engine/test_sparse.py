@@ -148,6 +148,12 @@ def test_positions_stay_inside_the_trained_window_past_it(tiny_model):
     assert int(sel.qpos[0]) < 128 and int(sel.place.max()) + B <= 128
     # Keys placed one after another, the query last: what the model saw in training.
     assert (np.diff(sel.place, axis=1) == B).all()
+    # Told to read many more blocks, it reads only as many as keep the positions inside.
+    state.focus = np.arange(10, 60, dtype=np.int64)
+    told = select(cache, 0, q, 1000, state, cos, sin, model.neox)
+    assert told.blocks.shape[1] > sel.blocks.shape[1] and set(told.blocks[0]) & {10, 11}
+    assert int(told.qpos[0]) < 128 and int(told.place.max()) + B <= 128
+    state.focus = np.zeros(0, np.int64)
     for t in range(5):
         out = model.forward([tokens[t]], cache, state=state)
         assert np.isfinite(out).all()
@@ -222,6 +228,33 @@ def test_the_question_chooses_blocks_by_attention_mass_not_by_peak(model):
     assert sel.blocks.shape[1] == 1 + 1 + (-(-(n + 2) // B) - votes.shape[1])   # sink, retrieved, the rest
 
 
+def test_the_focus_is_read_besides_the_blocks_the_votes_choose(model):
+    n = 30 * B
+    mass_block, peak_block = 9, 17
+    cache, state, q = _planted_cache(model, n, mass_block, peak_block,
+                                     dict(mode="sparse", sinks=B, window=2 * B, top_k=2))
+    cos, sin = model.rope.rows(0, n + 2)
+    state.observe = (n, n + 1)
+    attend_blocks(q, cache, 0, n, state, model.rope, model.neox)
+    votes = state.votes[0]                                # (KVH, candidate end = first local block)
+    state.observe = None
+    # Two focus blocks, one of them the votes' own first choice; the sink and a local block
+    # are read anyway and take no place in the budget.
+    state.focus = np.array([0, 4, mass_block, votes.shape[1]], np.int64)
+    sel = select(cache, 0, q, n + 1, state, cos, sin, model.neox)
+    lo, hi = sel.retrieved
+    assert hi - lo == 2 + 2                               # K, plus the focus among the candidates
+    ranked = np.argsort(-votes[:, 1:], axis=1) + 1        # candidates by votes, best first
+    for h in range(model.config.n_kv_heads):
+        others = [b for b in ranked[h] if b not in (4, mass_block)][:2]
+        assert sorted(sel.blocks[h, lo:hi]) == sorted([4, mass_block] + others)
+    # Told to read every candidate, it reads them all: nothing is ranked out.
+    state.focus = np.arange(votes.shape[1], dtype=np.int64)
+    state.vote_top.clear()
+    sel = select(cache, 0, q, n + 1, state, cos, sin, model.neox)
+    assert not sel.ranked and (sel.blocks == np.arange(sel.blocks.shape[1])).all()
+
+
 @pytest.mark.parametrize("piece", [64, 3])
 def test_votes_are_the_softmax_shares_of_exact_block_masses(model, monkeypatch, piece):
     """Differential: the votes equal plain numpy's log-sum-exp per block of the true scores
@@ -293,6 +326,34 @@ def test_sparse_decode_reads_the_prompt_as_dense_and_answers_from_the_voted_bloc
     assert sorted(sd.state.votes) == list(range(sd.model.config.n_layers))
     assert sd.stats.kv_read_bytes_per_token < backends["dense"].stats.kv_read_bytes_per_token
     assert answers["sparse-decode"][0] == answers["dense"][0]     # the first token comes from the prompt
+
+
+def test_the_backend_reads_the_focus_for_the_next_answer_only(tiny_model):
+    from app.engine.backend import SamplingParams
+    from app.engine.ellm_backend import EllmBackend
+
+    b = EllmBackend(tiny_model("llama", context_length=2048), n_ctx=1024, kv="f16", documents=True,
+                    attention=SparseConfig(mode="sparse-decode", sinks=64, window=64, top_k=1, observe=8))
+    assert b.capabilities.focus
+    doc = np.random.default_rng(9).integers(3, 2000, 640).tolist()
+    prompt = doc + [11, 12, 13, 14, 15]
+    b.ensure_prefix(doc)
+    plain = list(b.generate(prompt, SamplingParams.make_greedy(4)))
+    plain_bytes = b.stats.kv_read_bytes_per_token
+    assert not (b.state.block_mass[[2, 3, 4]] > 0).all()
+    b.focus([(200, 260), (130, 140), (0, 10)])            # blocks 3 to 4, 2, and the sink 0 (64 tokens each)
+    focused = list(b.generate(prompt, SamplingParams.make_greedy(4)))
+    assert b.state.focus.tolist() == [3, 4, 2, 0]         # best passage first
+    assert (b.state.block_mass[[2, 3, 4]] > 0).all()      # the answer read them
+    assert b.stats.kv_read_bytes_per_token == plain_bytes + 3 * 64 * b.kv_bytes_per_token()   # the sink was read anyway
+    assert focused[0] == plain[0]                         # the first token comes from the prompt
+    b.focus([(130, 140)])
+    with pytest.raises(ValueError, match="context holds"):
+        b.generate(list(range(3, 1100)), SamplingParams.make_greedy(4))
+    list(b.generate(prompt, SamplingParams.make_greedy(4)))
+    assert b.state.focus.size == 0                        # told for one answer, even one refused
+    assert not EllmBackend(tiny_model("llama"), n_ctx=1024, kv="f16", documents=True,
+                           attention="dense").capabilities.focus
 
 
 def test_sparse_decode_reads_beyond_the_trained_context_as_sparse_does(tiny_model):

@@ -22,12 +22,13 @@ class FakeBackend:
     name = "fake"
 
     def __init__(self, model_path: Path, n_ctx: int = 4096, answer: str = "An answer.", composes: bool = False,
-                 kv_bytes: int = 100, block: int = 4):
+                 kv_bytes: int = 100, block: int = 4, focus: bool = False):
         self.model_path = str(model_path)
         self.n_ctx = n_ctx
         self.answer = answer
         self.stats = GenerationStats()
-        self.capabilities = Capabilities(prefix_files=composes, composes=composes, attended_blocks=composes)
+        self.capabilities = Capabilities(prefix_files=composes, composes=composes, attended_blocks=composes,
+                                         focus=focus)
         self.prefix_multiple = block if composes else 1
         self._kv_bytes = kv_bytes
         self._vocab: dict[str, int] = {}
@@ -35,6 +36,7 @@ class FakeBackend:
         self.prompts: list[list[int]] = []      # every prompt generate() was given
         self.cache: list[int] = []              # the tokens "held" (prefix or composed caches)
         self.attended: list[tuple[int, int, float]] = []   # what attended_blocks reports
+        self.focused: list[tuple[int, list[tuple[int, int]]]] = []   # (prompts given so far, ranges) a call
 
     # ---- text
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
@@ -120,6 +122,9 @@ class FakeBackend:
 
     def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
         return self.attended[:limit]
+
+    def focus(self, ranges) -> None:
+        self.focused.append((len(self.prompts), list(ranges)))
 
     def close(self) -> None:
         pass

@@ -145,6 +145,26 @@ def test_attended_blocks_are_mapped_to_the_page_and_passage_they_hold(store, mod
     assert "three green lamps" in a.attended[0]["text"]
 
 
+@pytest.mark.parametrize("several", [False, True])
+def test_sparse_answers_also_read_the_passages_that_match_the_question_best(store, model_file, several):
+    log = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    minutes = add_document(store, "/docs/minutes.txt", "Council Minutes",
+                           ["The council met on Tuesday.", "The budget is twelve million euros."])
+    docs = [minutes, log] if several else [log]
+    backend = FakeBackend(model_file, composes=True, focus=True)
+    answer(store, backend, "Which lamps were the secret signal?", docs, PARAMS)
+    (before, ranges), = backend.focused               # told once, before the answer was generated
+    assert before == 0 and ranges
+    read = [backend.detokenize(backend.cache[s:e]).strip() for s, e in ranges]
+    assert read[0] == PAGES[2]                        # the best match first, token for token
+    assert all(text in PAGES + ["The budget is twelve million euros.", "The council met on Tuesday."]
+               for text in read)
+    # A backend that cannot be told (dense attention reads everything) is not.
+    dense = FakeBackend(model_file, composes=True)
+    dense.focus = None
+    answer(store, dense, "Which lamps were the secret signal?", docs, PARAMS)
+
+
 def test_blank_lines_pad_the_pages_in_front_so_the_question_follows_the_last_page(store, model_file):
     """Block padding before the question measurably cost answers (qa/prompt.py): the header and
     the pages are whole blocks, the padding lies between them, the question follows the text."""

@@ -60,7 +60,8 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
               # scores, attention/votes.py) instead of the key bounds; first_local: where the
               # always-attended local blocks start instead of the window's first block.
     A decoding query (T = 1) of a layer with votes (attention/votes.py) ranks by the votes, and
-    every block after the voted ones (the question, the answer so far) is local.
+    every block after the voted ones (the question, the answer so far) is local. A single query
+    also reads the candidates in ``state.focus``, each head its own top K besides them.
     """
     cfg = state.config
     n_tok = q.shape[0]
@@ -79,8 +80,15 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
         first_local, scores = voted.shape[1], voted
     n_sink = min(-(-cfg.sinks // B), first_local)
     n_cand = first_local - n_sink
-    ranked = not dense and n_cand > cfg.k
-    n_chosen = cfg.k if ranked else n_cand
+    # Blocks the question is told to read (state.focus, best first) come on top of the K it
+    # chooses; beyond the trained context only as many as keep every position inside it.
+    focus = state.focus[(state.focus >= n_sink) & (state.focus < first_local)] - n_sink \
+        if n_tok == 1 and not dense else _NO_FOCUS                  # (F,) candidate columns
+    if compressed:
+        focus = focus[:max(0, n_train // B - 1 - n_sink - cfg.k - (n_blocks - first_local))]
+    budget = cfg.k + focus.shape[0]
+    ranked = not dense and n_cand > budget
+    n_chosen = budget if ranked else n_cand
     if scores is not None:
         scores = np.ascontiguousarray(scores[:, -n_cand:] if voted is not None else scores[:, :n_cand])
     else:
@@ -91,6 +99,9 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
         scores = np.empty((KVH, n_cand), np.float32)                  # (KVH, NC) upper bounds
         a = cache.arrays(layer)
         _block_bounds(qref, a[1], a[5], cache.nb_base, candidates, rel, cos, sin, neox, scores)
+    if ranked and focus.shape[0]:
+        scores = scores.copy()
+        scores[:, focus] = np.inf                                    # ranked first by every head
     if not ranked:
         top = _NO_TOP
     elif voted is not None:   # the votes stay put while decoding: rank them once
@@ -110,6 +121,7 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
 
 _NO_SCORES = np.zeros((1, 1), np.float32)
 _NO_TOP = np.zeros((1, 1), np.int64)
+_NO_FOCUS = np.zeros(0, np.int64)
 
 
 def _top_k(scores: np.ndarray, k: int) -> np.ndarray:

@@ -8,6 +8,9 @@ this holds how the current question reads them.
               (attention/votes.py), or None
   votes       layer -> (KVH, end block) float32: the votes decoding ranks blocks by
   vote_top    layer -> (votes, (KVH, K) int64 their top blocks): ranked once per question
+  focus       (F,) int64 blocks each single query of the question and its answer reads besides
+              the ones it chooses, best first (the passages the caller's own relevance ranking
+              found, app/qa/focus.py)
   selection   layer -> (step, Selection): a decode step's blocks, kept for ``config.reselect`` steps
   block_mass  (NB,) float64: attention mass each block received while an answer was generated,
               summed over layers and heads (the answer's attention-grounded citations)
@@ -31,6 +34,7 @@ class AttentionState:
         self.observe: tuple[int, int] | None = None
         self.votes: dict[int, np.ndarray] = {}
         self.vote_top: dict[int, tuple] = {}
+        self.focus = np.zeros(0, np.int64)            # (F,) int64
         self.selection: dict[int, tuple] = {}
         self.block_mass = np.zeros(0, np.float64)     # (NB,) float64
         self._generation: int | None = None
@@ -47,11 +51,23 @@ class AttentionState:
             mass[:self.block_mass.shape[0]] = self.block_mass
             self.block_mass = mass
 
-    def start_question(self, observe: tuple[int, int] | None) -> None:
-        """A new prompt: no votes yet; ``observe`` = the positions that will cast them."""
+    def start_question(self, observe: tuple[int, int] | None, focus=()) -> None:
+        """A new prompt: no votes yet; ``observe`` = the positions that will cast them,
+        ``focus`` = blocks its decoding reads whatever the votes say."""
         self.observe = observe
+        self.focus = np.array(list(dict.fromkeys(int(b) for b in focus)), np.int64)   # (F,) in order
+        self.selection.clear()
         self.votes.clear()
         self.vote_top.clear()
+
+    def focus_read(self, n_tokens: int, block: int) -> int:
+        """Focus blocks a decode step reads on top of its K: those among the candidates (after
+        the sinks, before the local blocks, as select() sees them)."""
+        cfg = self.config
+        first_local = max((v.shape[1] for v in self.votes.values()),
+                          default=max(0, (n_tokens - cfg.window) // block))
+        f = self.focus
+        return int(((f >= -(-cfg.sinks // block)) & (f < first_local)).sum())
 
     def reset_mass(self) -> None:
         """Count the attention mass of the next answer only."""
