@@ -1,14 +1,14 @@
 """The passages a question's answer reads whatever its attention chooses: the store's own
 relevance ranking (BM25 over the documents' ~800-character chunks, FTS5) points sparse
-attention at the best-matching passages, so reading the whole document is never worse than
-the retrieval the usual document apps answer from.
+attention at the best-matching passages, so reading the whole document never leaves out what
+the retrieval the usual document apps answer from would have read.
 
 Why: with sparse attention over a read document, the question's votes choose the blocks an
-answer reads (app/engine/attention/votes.py). On the FHS (tests/data/eval) the votes left out
-the line "tclsh  Simple shell containing Tcl interpreter" that the question's own words match,
-and the answer named the wrong shell where dense attention named both (README, "Measuring
-answer quality"). The engine reads the focus blocks besides its top K, in every layer and head
-(``Backend.focus``); dense attention reads everything and needs none.
+answer reads (app/engine/attention/votes.py), and beyond the model's trained window the document
+itself was read sparsely too. There, on two Debian manuals of 42K and 46K tokens, the answers were
+right 17 of 23 times with these passages read and 12 of 23 without (README, "Sparse attention").
+The engine reads the focus blocks besides its top K, in every layer and head (``Backend.focus``);
+dense attention reads everything and needs none.
 """
 from __future__ import annotations
 
