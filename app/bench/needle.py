@@ -188,6 +188,6 @@ def _llamacpp_decode(cfg: NeedleConfig, progress) -> dict:
     progress(f"llama.cpp dense decode at {cfg.llamacpp_context} tokens")
     backend = LlamaCppBackend(str(cfg.model_path), n_ctx=cfg.llamacpp_context + cfg.decode_steps + 8,
                               n_threads=cfg.threads or None)
-    _, decode, _ = measure(backend, cfg.llamacpp_context, cfg.decode_steps)
+    _, decode, _, _ = measure(backend, cfg.llamacpp_context, cfg.decode_steps)
     backend.close()
     return {"context": cfg.llamacpp_context, "decode_tok_s": round(decode, 2)}

@@ -75,10 +75,13 @@ def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
     a = ctx.args
     if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
         raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
+    if a.baseline_tokens < 256:
+        raise CliError("--baseline-tokens T needs at least 256 tokens (the dense reference's document)")
     mode = attentions[0] if attentions else "sparse"
     attention = (sparse or SparseConfig()).in_mode(mode)
     cfg = NeedleConfig(ctx.model_path, n_docs=a.needle_folder, tokens=a.tokens, trials=a.trials, kv=kvs[0],
-                       attention=attention, threads=a.threads or 0, decode_steps=a.steps)
+                       attention=attention, threads=a.threads or 0, decode_steps=a.steps,
+                       baseline_tokens=a.baseline_tokens)
     report = run_needle_folder(cfg, progress=lambda what: err(f"needle: {what}")).as_dict()
     base, lc = report["baseline"], report["llamacpp"]
     print(f"{a.needle_folder} documents, {a.tokens} tokens, KV {kvs[0]}, {mode} attention: "

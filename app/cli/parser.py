@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one fact planted in one of N filler documents, asked across all of them")
     p.add_argument("--tokens", type=int, default=200_000, metavar="T",
                    help="--needle-folder: tokens of all the documents together")
+    p.add_argument("--baseline-tokens", type=int, default=4096, metavar="T",
+                   help="--needle-folder: tokens of the single document dense attention is asked about "
+                        "beside it (default 4096)")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write the results as JSON to FILE")

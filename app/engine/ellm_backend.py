@@ -131,7 +131,8 @@ class EllmBackend:
                                  params.max_tokens, stop_ids, cancel, state=self.state)
         # decode_s counts the engine's time after the first token, not the time the caller
         # spends between tokens (rendering, stop-string checks).
-        resumed = None
+        state = self.state if self.blocked else None
+        resumed, counted = None, 0
         for token in tokens:
             now = time.perf_counter()
             if resumed is None:
@@ -139,6 +140,9 @@ class EllmBackend:
             else:
                 stats.decode_s += now - resumed
             stats.decode_tokens += 1
+            if state is not None and state.focus_read != counted:   # decoding read focus blocks: count them
+                counted = state.focus_read
+                self._fill_costs(stats)
             yield token
             resumed = time.perf_counter()
 
@@ -149,7 +153,7 @@ class EllmBackend:
         stats.kv, stats.attention = self.kv_spec.name, self.attention.mode
         stats.kv_bytes_per_token = self.kv_bytes_per_token()
         sparse = self.attention if self.blocked else None
-        extra = self.state.focus_read(self.cache.n_tokens, self.kv_spec.block) if sparse is not None else 0
+        extra = self.state.focus_read if sparse is not None else 0
         if extra:                                                 # the focus comes on top of K
             sparse = replace(sparse, top_k=sparse.k + extra)
         stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,

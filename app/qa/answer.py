@@ -34,7 +34,7 @@ from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.qa.focus import focus_ranges
 from app.qa.pages import TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context, token_counter
 from app.qa.prompt import SYSTEM_PROMPT, Prompt, build_prompt
-from app.qa.spans import Segment
+from app.qa.spans import PromptLayout
 from app.store import Store
 
 
@@ -180,13 +180,13 @@ class _Job:
         status = self.caches.prepare(backend, single, prompt.prefix, stream.stop_now,
                                      ReadingProgress(self.progress, title))
         prefix_s = time.perf_counter() - t_prefix
-        segments = [(0, len(prompt.prefix), prompt.prefix_text, plan)]
+        layout = PromptLayout(backend, [(0, len(prompt.prefix), prompt.prefix_text, plan)])
         text = ""
         if status is not None:
-            self._focus(segments)
+            self._focus(layout)
             text = stream.run(prompt.tokens)
         timings = self._timings(stream, kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
-        return self._finish(text, stream, timings, plan, list(doc_ids), segments)
+        return self._finish(text, stream, timings, plan, list(doc_ids), layout)
 
     def across(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
         """Several documents' prefix caches side by side, the question read across all of them."""
@@ -220,7 +220,8 @@ class _Job:
         segments = [(0, len(first.prefix), first.prefix_text, ContextPlan(pages=considered[0].pages))]
         segments += [(off, len(p.prompt.doc), p.prompt.doc_text, ContextPlan(pages=p.pages))
                      for off, p in zip(offsets[1:], considered[1:])]
-        self._focus(segments)
+        layout = PromptLayout(backend, segments)
+        self._focus(layout)
         text = stream.run(first.prefix + [t for p in considered[1:] for t in p.prompt.doc] + first.suffix)
         timings = self._timings(stream, kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
                                 compose_s=round(compose_s, 4))
@@ -228,7 +229,7 @@ class _Job:
         plan = ContextPlan(pages=pages, doc_tokens=sum(len(p.prefix) for p in parts),
                            used_tokens=sum(len(p.prefix) for p in considered), budget=backend.n_ctx,
                            total_pages=len(pages))
-        result = self._finish(text, stream, timings, plan, [p.doc_id for p in considered], segments, keep=False)
+        result = self._finish(text, stream, timings, plan, [p.doc_id for p in considered], layout, keep=False)
         result.considered = [{"doc": p.doc_id, "title": p.title} for p in considered]
         result.note = note
         self._save(result)
@@ -236,10 +237,10 @@ class _Job:
 
     # ---- shared ------------------------------------------------------------------------
 
-    def _focus(self, segments: list[Segment]) -> None:
+    def _focus(self, layout: PromptLayout) -> None:
         """Sparse attention: the answer also reads the passages BM25 ranks best (qa/focus.py)."""
         if self.backend.capabilities.focus:
-            self.backend.focus(focus_ranges(self.store, self.backend, self.question, segments))
+            self.backend.focus(focus_ranges(self.store, self.question, layout))
 
     def _timings(self, stream: AnswerStream, **parts) -> dict:
         timings = self.backend.stats.as_dict()
@@ -251,13 +252,13 @@ class _Job:
         return timings
 
     def _finish(self, text: str, stream: AnswerStream, timings: dict, plan: ContextPlan, doc_ids: list[int],
-                segments: list[Segment], keep: bool = True) -> Answer:
+                layout: PromptLayout, keep: bool = True) -> Answer:
         backend = self.backend
         citations = cite(self.store, text, self.question, plan) if text else []
         result = Answer(self.question, text, citations, timings, plan, backend.name, self.model_name, doc_ids,
                         stream.cancelled)
         if backend.capabilities.attended_blocks:
-            result.attended = attended_passages(backend, segments)
+            result.attended = attended_passages(backend, layout)
         if keep:
             self._save(result)
         return result

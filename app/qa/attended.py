@@ -9,37 +9,29 @@ are shares of the mass the documents received.
 from __future__ import annotations
 
 from app.engine.backend import Backend
-from app.qa.spans import Segment, page_spans, token_offsets
+from app.qa.spans import PromptLayout
 
 MAX_ATTENDED = 5
 PASSAGE_CHARS = 300
 _BLOCKS_CONSIDERED = 64
 
 
-def attended_passages(backend: Backend, segments: list[Segment]) -> list[dict]:
+def attended_passages(backend: Backend, layout: PromptLayout) -> list[dict]:
     """[{"doc", "page", "text", "weight"}] of the pages the answer attended to most, over the
-    document prefixes the cache holds: segments = (first token, token count, prefix text, plan)
-    of each (one, or several side by side)."""
+    document prefixes the cache holds (one, or several side by side)."""
     blocks = backend.attended_blocks(_BLOCKS_CONSIDERED)
     if not blocks:
         return []
-    mapped = []   # (token start, token end, byte offsets, prefix bytes, page spans)
-    for start, count, text, plan in segments:
-        prefix = text.encode("utf-8")
-        spans = page_spans(prefix, plan)
-        if spans:
-            tokens = backend.cached_tokens(start, start + count)
-            mapped.append((start, start + count, token_offsets(backend, tokens, prefix), prefix, spans))
     by_page: dict[tuple[int, int], dict] = {}
     total = 0.0
     for first, end, weight in blocks:
-        seg = next((m for m in mapped if m[0] <= first < m[1]), None)
+        seg = next((d for d in layout.documents if d.start <= first < d.end), None)
         if seg is None:
             continue
-        s0, s1, offsets, prefix, spans = seg
-        lo, hi = offsets[first - s0], offsets[min(end, s1) - s0]
+        prefix = seg.prefix
+        lo, hi = seg.offsets[first - seg.start], seg.offsets[min(end, seg.end) - seg.start]
         best, overlap = None, 0
-        for s, e, doc_id, page in spans:
+        for s, e, doc_id, page in seg.spans:
             o = min(hi, e) - max(lo, s)
             if o > overlap:
                 best, overlap = (s, e, doc_id, page), o

@@ -14,33 +14,27 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
-from app.engine.backend import Backend
-from app.qa.spans import Segment, page_spans, token_offsets
+from app.qa.spans import LaidOut, PromptLayout
 from app.store import Store
 
 FOCUS_CHUNKS = 4   # passages (~200 tokens each) read besides the blocks attention chooses
 
 
-def focus_ranges(store: Store, backend: Backend, question: str, segments: list[Segment],
+def focus_ranges(store: Store, question: str, layout: PromptLayout,
                  chunks: int | None = None) -> list[tuple[int, int]]:
     """Token ranges [start, end) of the cache holding the ``chunks`` (default FOCUS_CHUNKS)
-    passages of the segments' documents that rank highest for ``question``: segments = (first
-    token, token count, prefix text, plan) of each document prefix the cache holds."""
+    passages of the laid-out prefixes' documents that rank highest for ``question``."""
     chunks = FOCUS_CHUNKS if chunks is None else chunks
-    laid = []       # (first token, token byte offsets, prefix bytes, {(doc, page): byte span})
-    doc_ids: list[int] = []
-    for start, count, text, plan in segments:
-        prefix = text.encode("utf-8")
-        spans = {(d, p): (s, e) for s, e, d, p in page_spans(prefix, plan)}
-        if spans:
-            offsets = token_offsets(backend, backend.cached_tokens(start, start + count), prefix)
-            laid.append((start, offsets, prefix, spans))
-            doc_ids += sorted({d for d, _ in spans} - set(doc_ids))
-    if not chunks or not laid:
+    laid = layout.documents if chunks else []
+    if not laid:
         return []
+    doc_ids: list[int] = []
+    for d in laid:
+        doc_ids += sorted({doc for _, _, doc, _ in d.spans} - set(doc_ids))
+    pages = [{(doc, page): (s, e) for s, e, doc, page in d.spans} for d in laid]
     ranges = []
     for hit in store.search_chunks(doc_ids, question, limit=4 * chunks):
-        found = _locate(hit, laid)
+        found = _locate(hit, laid, pages)
         if found is not None and found not in ranges:
             ranges.append(found)
             if len(ranges) == chunks:
@@ -48,17 +42,17 @@ def focus_ranges(store: Store, backend: Backend, question: str, segments: list[S
     return ranges
 
 
-def _locate(hit: dict, laid) -> tuple[int, int] | None:
+def _locate(hit: dict, laid: list[LaidOut], pages: list[dict]) -> tuple[int, int] | None:
     """The cached tokens spelling chunk ``hit``, if its page is in the prompt."""
     needle = hit["text"].strip().encode("utf-8")
-    for start, offsets, prefix, spans in laid:
+    for d, spans in zip(laid, pages):
         span = spans.get((hit["doc_id"], hit["page"]))
         if span is None or not needle:
             continue
-        at = prefix.find(needle, span[0], span[1])
+        at = d.prefix.find(needle, span[0], span[1])
         if at < 0:
             return None
-        first = max(0, bisect_right(offsets, at) - 1)
-        end = bisect_left(offsets, at + len(needle))
-        return start + first, start + min(end, len(offsets) - 1)
+        first = max(0, bisect_right(d.offsets, at) - 1)
+        end = bisect_left(d.offsets, at + len(needle))
+        return d.start + first, d.start + min(end, len(d.offsets) - 1)
     return None

@@ -57,3 +57,27 @@ def test_bench_ellm_pinned_and_unpinned_side_by_side(cli, tmp_path):
 def test_bench_rejects_a_bad_pin_choice(cli):
     rc, _, err = cli("bench", "--pin", "sometimes")
     assert rc == 1 and "--pin takes on, off or on,off" in err
+
+
+def test_needle_folder_bench_reports_every_trial_and_both_references():
+    """The needle-in-a-folder bench end to end on two small documents (it had gone out of step
+    with measure()'s return value unnoticed: nothing ran it)."""
+    from app.bench.needle import NeedleConfig, run_needle_folder
+
+    cfg = NeedleConfig(default_model_path(), n_docs=2, tokens=2048, trials=2, kv="f16", decode_steps=3,
+                       baseline_tokens=300, llamacpp_context=128)
+    said = []
+    report = run_needle_folder(cfg, progress=said.append).as_dict()
+    assert [t["doc"] in (1, 2) and 0.05 <= t["depth"] <= 0.95 for t in report["trials"]] == [True, True]
+    assert report["accuracy"] == sum(t["found"] for t in report["trials"]) / 2
+    assert all(str(t["key"]) in t["answer"] for t in report["trials"] if t["found"])
+    assert report["decode_tok_s"] > 0 and report["kv_read_bytes_per_token"] > 0
+    assert report["baseline"]["tokens"] == 300 and 0 <= report["baseline"]["accuracy"] <= 1
+    assert report["llamacpp"] == {"context": 128, "decode_tok_s": report["llamacpp"]["decode_tok_s"]}
+    assert report["llamacpp"]["decode_tok_s"] > 0
+    assert sum("dense reference, trial" in s for s in said) == 2
+
+
+def test_needle_folder_bench_refuses_a_tiny_reference(cli):
+    rc, _, err = cli("bench", "--needle-folder", "2", "--tokens", "4096", "--baseline-tokens", "10")
+    assert rc == 1 and "--baseline-tokens T needs at least 256 tokens" in err

@@ -153,6 +153,8 @@ def test_positions_stay_inside_the_trained_window_past_it(tiny_model):
     told = select(cache, 0, q, 1000, state, cos, sin, model.neox)
     assert told.blocks.shape[1] > sel.blocks.shape[1] and set(told.blocks[0]) & {10, 11}
     assert int(told.qpos[0]) < 128 and int(told.place.max()) + B <= 128
+    # What it read on top of K is what the bytes per token count (not the 50 it was told).
+    assert state.focus_read == told.retrieved[1] - told.retrieved[0] - 2 < 50
     state.focus = np.zeros(0, np.int64)
     for t in range(5):
         out = model.forward([tokens[t]], cache, state=state)

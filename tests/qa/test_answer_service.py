@@ -165,6 +165,24 @@ def test_sparse_answers_also_read_the_passages_that_match_the_question_best(stor
     answer(store, dense, "Which lamps were the secret signal?", docs, PARAMS)
 
 
+def test_the_focus_and_the_attended_passages_share_one_pass_over_the_tokens(store, model_file):
+    """Both map between cached tokens and page bytes (qa/spans.py): the byte offsets of a prompt's
+    tokens are worked out once per answer, not once for each."""
+    log = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    minutes = add_document(store, "/docs/minutes.txt", "Council Minutes", ["The council met on Tuesday."])
+    spelled = {}
+    for focus in (False, True):
+        backend = FakeBackend(model_file, composes=True, focus=focus)
+        answer(store, backend, "What was the secret signal?", [log, minutes], PARAMS)   # caches the prefixes
+        backend.attended = [(0, 4, 1.0)]
+        calls, token_bytes = [], backend.token_bytes
+        backend.token_bytes = lambda t: calls.append(t) or token_bytes(t)
+        a = answer(store, backend, "What was the secret signal?", [log, minutes], PARAMS)
+        assert a.attended == [] and bool(backend.focused and backend.focused[-1][1]) == focus
+        spelled[focus] = len(calls)
+    assert spelled[True] == spelled[False] > 0
+
+
 def test_blank_lines_pad_the_pages_in_front_so_the_question_follows_the_last_page(store, model_file):
     """Block padding before the question measurably cost answers (qa/prompt.py): the header and
     the pages are whole blocks, the padding lies between them, the question follows the text."""

@@ -78,6 +78,8 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     voted = state.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
     if voted is not None and voted.shape[1] <= first_local:
         first_local, scores = voted.shape[1], voted
+    else:
+        voted = None
     n_sink = min(-(-cfg.sinks // B), first_local)
     n_cand = first_local - n_sink
     # Blocks the question is told to read (state.focus, best first) come on top of the K it
@@ -89,28 +91,23 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     budget = cfg.k + focus.shape[0]
     ranked = not dense and n_cand > budget
     n_chosen = budget if ranked else n_cand
-    if scores is not None:
-        scores = np.ascontiguousarray(scores[:, -n_cand:] if voted is not None else scores[:, :n_cand])
-    else:
-        scores = _NO_SCORES
-    if ranked and scores is _NO_SCORES:
-        candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
-        qref, rel = _reference_queries(q, KVH, pos0, B, candidates, cfg, compressed, cos, sin, neox)
-        scores = np.empty((KVH, n_cand), np.float32)                  # (KVH, NC) upper bounds
-        a = cache.arrays(layer)
-        _block_bounds(qref, a[1], a[5], cache.nb_base, candidates, rel, cos, sin, neox, scores)
-    if ranked and focus.shape[0]:
-        scores = scores.copy()
-        scores[:, focus] = np.inf                                    # ranked first by every head
+    if n_tok == 1 and not dense:
+        state.focus_read = focus.shape[0]                             # on top of K, for the byte count
     if not ranked:
         top = _NO_TOP
     elif voted is not None:   # the votes stay put while decoding: rank them once
         kept = state.vote_top.get(layer)
         if kept is None or kept[0] is not voted or kept[1].shape[1] != n_chosen:
-            kept = state.vote_top[layer] = (voted, _top_k(scores, n_chosen))
+            kept = state.vote_top[layer] = (voted, _top_k(voted[:, -n_cand:], n_chosen, focus))
         top = kept[1]
     else:
-        top = _top_k(scores, n_chosen)
+        if scores is None:
+            candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
+            qref, rel = _reference_queries(q, KVH, pos0, B, candidates, cfg, compressed, cos, sin, neox)
+            scores = np.empty((KVH, n_cand), np.float32)                  # (KVH, NC) upper bounds
+            a = cache.arrays(layer)
+            _block_bounds(qref, a[1], a[5], cache.nb_base, candidates, rel, cos, sin, neox, scores)
+        top = _top_k(scores[:, :n_cand], n_chosen, focus)
     ns = n_sink + n_chosen + (n_blocks - first_local)
     blocks = np.empty((KVH, ns), np.int64)                            # (KVH, NS)
     place = np.empty((KVH, ns), np.int64)                             # (KVH, NS)
@@ -119,15 +116,17 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked)
 
 
-_NO_SCORES = np.zeros((1, 1), np.float32)
 _NO_TOP = np.zeros((1, 1), np.int64)
 _NO_FOCUS = np.zeros(0, np.int64)
 
 
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Columns of the k highest scores per row, ascending: scores (KVH, NC) -> (KVH, k) int64.
-    A partial sort: at 200K tokens (3,125 candidates) a full sort per layer and head was
-    half of a decode step."""
+def _top_k(scores: np.ndarray, k: int, focus: np.ndarray = _NO_FOCUS) -> np.ndarray:
+    """Columns of the k highest scores per row, ascending: scores (KVH, NC) -> (KVH, k) int64;
+    the columns ``focus`` (F,) first whatever their scores. A partial sort: at 200K tokens
+    (3,125 candidates) a full sort per layer and head was half of a decode step."""
+    if focus.shape[0]:
+        scores = scores.copy()
+        scores[:, focus] = np.inf                                    # ranked first by every head
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     top.sort(axis=1)
     return top.astype(np.int64)

@@ -11,6 +11,8 @@ this holds how the current question reads them.
   focus       (F,) int64 blocks each single query of the question and its answer reads besides
               the ones it chooses, best first (the passages the caller's own relevance ranking
               found, app/qa/focus.py)
+  focus_read  how many of them the last single query read (select() decides: those among its
+              candidates, fewer beyond the trained context), counted in the bytes read per token
   selection   layer -> (step, Selection): a decode step's blocks, kept for ``config.reselect`` steps
   block_mass  (NB,) float64: attention mass each block received while an answer was generated,
               summed over layers and heads (the answer's attention-grounded citations)
@@ -35,6 +37,7 @@ class AttentionState:
         self.votes: dict[int, np.ndarray] = {}
         self.vote_top: dict[int, tuple] = {}
         self.focus = np.zeros(0, np.int64)            # (F,) int64
+        self.focus_read = 0                           # focus blocks the last decode step read on top of K
         self.selection: dict[int, tuple] = {}
         self.block_mass = np.zeros(0, np.float64)     # (NB,) float64
         self._generation: int | None = None
@@ -56,18 +59,10 @@ class AttentionState:
         ``focus`` = blocks its decoding reads whatever the votes say."""
         self.observe = observe
         self.focus = np.array(list(dict.fromkeys(int(b) for b in focus)), np.int64)   # (F,) in order
+        self.focus_read = 0
         self.selection.clear()
         self.votes.clear()
         self.vote_top.clear()
-
-    def focus_read(self, n_tokens: int, block: int) -> int:
-        """Focus blocks a decode step reads on top of its K: those among the candidates (after
-        the sinks, before the local blocks, as select() sees them)."""
-        cfg = self.config
-        first_local = max((v.shape[1] for v in self.votes.values()),
-                          default=max(0, (n_tokens - cfg.window) // block))
-        f = self.focus
-        return int(((f >= -(-cfg.sinks // block)) & (f < first_local)).sum())
 
     def reset_mass(self) -> None:
         """Count the attention mass of the next answer only."""
