@@ -38,16 +38,25 @@ def _fill(a, n_threads):
             a[i] = i & 7
 
 
+@numba.njit(cache=True, nogil=True)
+def _sum_slice(a):
+    """Sum of a (n,) int64 in one loop that LLVM vectorises (integer adds need no fastmath)."""
+    s = 0
+    for i in range(a.shape[0]):
+        s += a[i]
+    return s
+
+
 @numba.njit(parallel=True, cache=True)
 def _sum(a, n_threads):
-    """Sum of a (n,) int64; integer adds vectorise without fastmath, so this is load-bound."""
+    """Sum of a (n,) int64, one slice per worker. Each worker sums its slice in a loop of its
+    own: written inline, with bounds that depend on the prange index, the loop was not
+    vectorised and read 5-6 GB/s on an AMD EPYC where one thread of this one reads 26-31 GB/s
+    (numpy's own sum 26-30), so the probe said a third of what decoders achieved."""
     chunk = (a.shape[0] + n_threads - 1) // n_threads
     partial = np.zeros(n_threads, np.int64)        # (n_threads,) one sum per worker
     for t in numba.prange(n_threads):
-        s = 0
-        for i in range(t * chunk, min((t + 1) * chunk, a.shape[0])):
-            s += a[i]
-        partial[t] = s
+        partial[t] = _sum_slice(a[t * chunk:min((t + 1) * chunk, a.shape[0])])
     return partial.sum()
 
 
