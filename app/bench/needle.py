@@ -97,8 +97,10 @@ def run_needle_folder(cfg: NeedleConfig, progress=lambda what: None) -> NeedleRe
 
     rng = random.Random(cfg.seed)
     per_doc = cfg.tokens // cfg.n_docs
+    # documents=True: the blocked cache that folder questions lay side by side, whatever the KV
+    # format and attention (dense f16 included).
     backend = EllmBackend(str(cfg.model_path), n_ctx=per_doc + 2048, n_threads=cfg.threads or None,
-                          kv=cfg.kv, attention=cfg.attention)
+                          kv=cfg.kv, attention=cfg.attention, documents=True)
     B = backend.prefix_multiple
     header = backend.tokenize(HEADER, add_bos=True, special=False)
     header += backend.tokenize("\n", add_bos=False, special=False)[-1:] * (-len(header) % B)

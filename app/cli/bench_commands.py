@@ -23,7 +23,8 @@ def cmd_bench(ctx: Context) -> int:
     if not contexts or min(contexts) < 1:
         raise CliError(f"--contexts takes positive numbers separated by commas, not '{contexts_text}'")
     kvs = kv_names(a.kv_list)
-    attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else "dense"))
+    attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else
+                                                 "sparse" if a.needle_folder else "dense"))
     speed = not (a.needle_folder or a.passkey)
     choices = (*MODES, "auto") if speed else MODES
     if not attentions:
@@ -75,9 +76,11 @@ def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
     a = ctx.args
     if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
         raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
+    if a.trials < 1:
+        raise CliError(f"--trials must be at least 1, not {a.trials}")
     if a.baseline_tokens < 256:
         raise CliError("--baseline-tokens T needs at least 256 tokens (the dense reference's document)")
-    mode = attentions[0] if attentions else "sparse"
+    mode = attentions[0]
     attention = (sparse or SparseConfig()).in_mode(mode)
     cfg = NeedleConfig(ctx.model_path, n_docs=a.needle_folder, tokens=a.tokens, trials=a.trials, kv=kvs[0],
                        attention=attention, threads=a.threads or 0, decode_steps=a.steps,

@@ -121,7 +121,7 @@ class EllmBackend:
                                                 state=self.state)
         stats.prefill_s = time.perf_counter() - t0
         stats.reused_prompt_tokens = reused
-        self._fill_costs(stats)
+        self._fill_costs(stats, len(prompt))
         if logits is None:  # cancelled during prefill
             return
         if self.blocked:
@@ -131,24 +131,30 @@ class EllmBackend:
                                  params.max_tokens, stop_ids, cancel, state=self.state)
         # decode_s counts the engine's time after the first token, not the time the caller
         # spends between tokens (rendering, stop-string checks).
+        # Decoding may read focus blocks on top of K (select() counts them): the bytes follow,
+        # for the last step too (it runs after the last token is handed over).
         state = self.state if self.blocked else None
-        resumed, counted = None, 0
-        for token in tokens:
-            now = time.perf_counter()
-            if resumed is None:
-                stats.ttft_s = now - t0
-            else:
-                stats.decode_s += now - resumed
-            stats.decode_tokens += 1
-            if state is not None and state.focus_read != counted:   # decoding read focus blocks: count them
-                counted = state.focus_read
-                self._fill_costs(stats)
-            yield token
-            resumed = time.perf_counter()
+        resumed, counted = None, state.focus_read if state is not None else 0
+        try:
+            for token in tokens:
+                now = time.perf_counter()
+                if resumed is None:
+                    stats.ttft_s = now - t0
+                else:
+                    stats.decode_s += now - resumed
+                stats.decode_tokens += 1
+                if state is not None and state.focus_read != counted:
+                    counted = state.focus_read
+                    self._fill_costs(stats, len(prompt))
+                yield token
+                resumed = time.perf_counter()
+        finally:
+            if state is not None and state.focus_read != counted:
+                self._fill_costs(stats, len(prompt))
 
-    def _fill_costs(self, stats: GenerationStats) -> None:
-        """What a decode step reads at the cache's current length (kv/sizes.py counts it):
-        the weights, and all of the cache when dense, the attended blocks when sparse."""
+    def _fill_costs(self, stats: GenerationStats, n_tokens: int) -> None:
+        """What a decode step reads with ``n_tokens`` cached (kv/sizes.py counts it): the
+        weights, and all of the cache when dense, the attended blocks when sparse."""
         stats.weight_bytes_per_token = self.model.weight_bytes
         stats.kv, stats.attention = self.kv_spec.name, self.attention.mode
         stats.kv_bytes_per_token = self.kv_bytes_per_token()
@@ -157,7 +163,7 @@ class EllmBackend:
         if extra:                                                 # the focus comes on top of K
             sparse = replace(sparse, top_k=sparse.k + extra)
         stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,
-                                                                self.cache.n_tokens, sparse)
+                                                                n_tokens, sparse)
 
     def _observe(self, prompt: list[int], focus: np.ndarray) -> None:
         """Sparse attention: the prompt's last tokens choose the blocks decoding reads

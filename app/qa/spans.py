@@ -38,8 +38,8 @@ class PromptLayout:
         for start, count, text, plan in self.segments:
             prefix = text.encode("utf-8")
             spans = page_spans(prefix, plan)
-            if spans:
-                tokens = self._backend.cached_tokens(start, start + count)
+            tokens = self._backend.cached_tokens(start, start + count) if spans else []
+            if spans and len(tokens) == count:   # not when a cancelled reading left part of it
                 laid.append(LaidOut(start, start + count, prefix,
                                     token_offsets(self._backend, tokens, prefix), spans))
         return laid

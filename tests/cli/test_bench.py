@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from gguf import GGUFReader
 
 from app.engine.kv.sizes import KVShape, kv_bytes_per_token
@@ -59,13 +60,15 @@ def test_bench_rejects_a_bad_pin_choice(cli):
     assert rc == 1 and "--pin takes on, off or on,off" in err
 
 
-def test_needle_folder_bench_reports_every_trial_and_both_references():
+@pytest.mark.parametrize("attention", ["sparse", "dense"])
+def test_needle_folder_bench_reports_every_trial_and_both_references(attention):
     """The needle-in-a-folder bench end to end on two small documents (it had gone out of step
-    with measure()'s return value unnoticed: nothing ran it)."""
+    with measure()'s return value unnoticed: nothing ran it); dense f16 too, whose caches are the
+    blocked ones folder questions lay side by side."""
     from app.bench.needle import NeedleConfig, run_needle_folder
 
     cfg = NeedleConfig(default_model_path(), n_docs=2, tokens=2048, trials=2, kv="f16", decode_steps=3,
-                       baseline_tokens=300, llamacpp_context=128)
+                       baseline_tokens=300, llamacpp_context=128, attention=attention)
     said = []
     report = run_needle_folder(cfg, progress=said.append).as_dict()
     assert [t["doc"] in (1, 2) and 0.05 <= t["depth"] <= 0.95 for t in report["trials"]] == [True, True]
@@ -78,6 +81,8 @@ def test_needle_folder_bench_reports_every_trial_and_both_references():
     assert sum("dense reference, trial" in s for s in said) == 2
 
 
-def test_needle_folder_bench_refuses_a_tiny_reference(cli):
+def test_needle_folder_bench_refuses_a_tiny_reference_or_no_trials(cli):
     rc, _, err = cli("bench", "--needle-folder", "2", "--tokens", "4096", "--baseline-tokens", "10")
     assert rc == 1 and "--baseline-tokens T needs at least 256 tokens" in err
+    rc, _, err = cli("bench", "--needle-folder", "2", "--tokens", "4096", "--trials", "0")
+    assert rc == 1 and "--trials must be at least 1, not 0" in err

@@ -183,6 +183,25 @@ def test_the_focus_and_the_attended_passages_share_one_pass_over_the_tokens(stor
     assert spelled[True] == spelled[False] > 0
 
 
+def test_a_prefix_the_cache_holds_only_part_of_is_not_mapped(model_file):
+    """A reading stopped half way leaves part of the prefix cached: its attended blocks (left from
+    an earlier answer) map to no page rather than past the token offsets."""
+    from app.qa.attended import attended_passages
+    from app.qa.pages import ContextPlan, PageText
+    from app.qa.spans import PromptLayout
+
+    backend = FakeBackend(model_file, composes=True)
+    text = "[Page 1]\nThe secret signal was three green lamps above the pier.\n"
+    tokens = backend.tokenize(text)
+    plan = ContextPlan(pages=[PageText(1, "Harbour Log", 1, text[9:], len(tokens))])
+    backend.attended = [(8, 12, 1.0)]
+    for held, laid in ((len(tokens), 1), (6, 0)):
+        backend.cache = tokens[:held]
+        layout = PromptLayout(backend, [(0, len(tokens), text, plan)])
+        assert len(layout.documents) == laid
+        assert [x["page"] for x in attended_passages(backend, layout)] == [1] * laid
+
+
 def test_blank_lines_pad_the_pages_in_front_so_the_question_follows_the_last_page(store, model_file):
     """Block padding before the question measurably cost answers (qa/prompt.py): the header and
     the pages are whole blocks, the padding lies between them, the question follows the text."""
