@@ -33,6 +33,8 @@ def cmd_bench(ctx: Context) -> int:
         if m not in choices:
             raise CliError(f"unknown attention '{m}' in --attention; choose from {', '.join(choices)}")
     sparse = sparse_config(a)
+    if not speed and a.trials < 1:   # --needle-folder and --passkey
+        raise CliError(f"--trials must be at least 1, not {a.trials}")
     if a.needle_folder:
         return bench_needle_folder(ctx, kvs, attentions, sparse)
     if a.passkey:
@@ -76,8 +78,6 @@ def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
     a = ctx.args
     if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
         raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
-    if a.trials < 1:
-        raise CliError(f"--trials must be at least 1, not {a.trials}")
     if a.baseline_tokens < 256:
         raise CliError("--baseline-tokens T needs at least 256 tokens (the dense reference's document)")
     mode = attentions[0]
@@ -106,8 +106,6 @@ def bench_passkey(ctx: Context, engines, contexts, kvs, attentions, sparse) -> i
     a = ctx.args
     if a.plot:
         raise CliError("--plot draws the speed benchmark; --passkey writes a table (and --json FILE)")
-    if a.trials < 1:
-        raise CliError(f"--trials must be at least 1, not {a.trials}")
     cfg = PasskeyConfig(model_path=ctx.model_path, contexts=contexts, engines=engines, kvs=kvs,
                         attentions=attentions, sparse=sparse, trials=a.trials, threads=a.threads or 0)
     try:
