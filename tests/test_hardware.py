@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.engine.cpu.bandwidth import (
@@ -13,6 +14,7 @@ from app.engine.cpu.bandwidth import (
     probe_read_bandwidth,
 )
 from app.engine.kv import sizes as kv_sizes
+from app.engine.quant.stream_probe import probe_weight_stream, weight_matrices
 from app.engine.model.gguf_file import scan_gguf
 from app.runtime.hw_report import format_report, hardware_report
 from tests.engine.fake_sysfs import (
@@ -83,6 +85,7 @@ def test_one_node_vm_report(tmp_path):
         "  node 0: CPUs 0-1, 8.0 GiB",
         "Governor    unknown (no cpufreq)",
         "Bandwidth   not measured",
+        "Decode      not measured",
         "Threads     2 threads, one per physical core; CPUs 0-1 (one NUMA node)",
         "KV cache    no model given",
         "Warnings    none",
@@ -258,10 +261,27 @@ def test_bandwidth_probe_measures_this_machine():
     assert 0.1 < probe.median_gb_s <= probe.best_gb_s < 10_000
 
 
+def test_weight_stream_probe_runs_the_engines_products_over_a_q4_k_m_mix():
+    matrices = weight_matrices(48 << 20)
+    by_type = {}
+    for m in matrices:
+        by_type[m.qtype.name] = by_type.get(m.qtype.name, 0) + m.nbytes
+    assert set(by_type) == {"Q4_K", "Q6_K"} and 0.55 < by_type["Q4_K"] / sum(by_type.values()) < 0.75
+    planes = [p for m in matrices for p in m.planes.values()]
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(planes) for b in planes[i + 1:]), \
+        "every matrix streams memory of its own (shared planes would be read from cache)"
+    x = np.ones((1, matrices[0].shape[1]), np.float32)
+    assert np.isfinite(matrices[0].matmul(x)).all()
+    probe = probe_weight_stream(nbytes=48 << 20, repeats=2)
+    assert probe.nbytes == sum(m.nbytes for m in matrices) and probe.repeats == 2 and probe.threads >= 1
+    assert 0.1 < probe.median_gb_s <= probe.best_gb_s < 10_000
+
+
 def test_live_report(smollm2):
     report = hardware_report(model_path=smollm2)
-    assert report["bandwidth_gb_s"] > 0.1
+    assert report["bandwidth_gb_s"] > 0.1 and report["decode_gb_s"] > 0.1
+    assert report["decode_stream"]["bytes"] > 200 << 20
     assert report["cpu_model"]
     assert 1 <= report["threads"]["count"] == len(report["threads"]["cpus"]) <= report["physical_cores"]
     assert report["kv"]["bytes_per_token"] == 23040
-    assert "Bandwidth   " in format_report(report)
+    assert "Bandwidth   " in format_report(report) and "Decode      " in format_report(report)

@@ -130,6 +130,15 @@ def read_bandwidth_gb_s() -> float:
     return probe_read_bandwidth().best_gb_s
 
 
+def stream_gb_s() -> float:
+    """The rate the engine's Q4_K/Q6_K kernels stream weights for one token (best of
+    engine/quant/stream_probe.py): what a decode step's weights go at, where the read bandwidth
+    only bounds it."""
+    from app.engine.quant.stream_probe import probe_weight_stream
+
+    return probe_weight_stream().best_gb_s
+
+
 # ---- Measuring ----------------------------------------------------------------------
 
 
@@ -227,10 +236,13 @@ def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bo
                        documents=documents)
 
 
-def machine_info(model_path: Path, threads: int, bandwidth: float | None = None) -> dict:
+def machine_info(model_path: Path, threads: int, bandwidth: float | None = None,
+                 stream: float | None = None) -> dict:
     info = {"cpu": _cpu_model(), "platform": platform.platform(), "threads": threads, "model": model_path.name}
     if bandwidth is not None:
         info["read_bandwidth_gb_s"] = round(bandwidth, 2)
+    if stream is not None:
+        info["weight_stream_gb_s"] = round(stream, 2)
     return info
 
 
@@ -243,6 +255,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     sparse = cfg.sparse or SparseConfig()
     sparse_opts = sparse.options()
     bandwidth = read_bandwidth_gb_s()
+    stream = stream_gb_s()
     results, skipped = [], []
     states = None
     if cfg.states_dir is not None:
@@ -293,7 +306,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
             backend.close()
     rows = [r.as_dict() for r in results]
     add_ratios(rows)
-    report = {"machine": machine_info(cfg.model_path, threads, bandwidth), "results": rows}
+    report = {"machine": machine_info(cfg.model_path, threads, bandwidth, stream), "results": rows}
     if skipped:
         report["skipped"] = skipped
     return report
@@ -358,7 +371,9 @@ def _cpu_model() -> str:
 def format_table(report: dict) -> str:
     m = report["machine"]
     lines = [f"{m['model']} on {m['cpu']}, {m['threads']} threads; "
-             f"measured read bandwidth {m['read_bandwidth_gb_s']:.1f} GB/s", ""]
+             f"measured read bandwidth {m['read_bandwidth_gb_s']:.1f} GB/s"
+             + (f", weight kernels stream {m['weight_stream_gb_s']:.1f} GB/s" if m.get("weight_stream_gb_s") else ""),
+             ""]
     best = any(r["engine"] == "llamacpp" and r.get("flash_attn") for r in report["results"])
     head = (f"{'engine':<9} {'pin':<4} {'attn':<6} {'kv':<5} {'fa':<3} {'context':>7} {'prefill t/s':>11} "
             f"{'decode t/s':>10} {'KV B/tok':>8} {'MB/token':>9} {'(weights':>9} {'kv)':>7} {'GB/s':>6} "

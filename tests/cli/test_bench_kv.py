@@ -26,6 +26,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture
 def no_bandwidth_probe(monkeypatch):
     monkeypatch.setattr(app.bench.speed, "read_bandwidth_gb_s", lambda: 10.0)
+    monkeypatch.setattr(app.bench.speed, "stream_gb_s", lambda: 8.0)
 
 
 def test_every_kv_and_attention_combination_on_ellm(cli, tiny, tmp_path, no_bandwidth_probe):

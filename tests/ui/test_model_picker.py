@@ -9,7 +9,7 @@ from app.ui.model_picker import COLUMNS, SPEED_COLUMN, STATE_COLUMN, predicted_s
 from tests.cli.test_catalog import index  # noqa: F401  (the local package index fixture)
 
 
-def test_the_picker_shows_the_catalogue_and_predicts_speed_from_bandwidth(qtbot, window):
+def test_the_picker_shows_the_catalogue_and_predicts_speed_from_the_kernels_stream(qtbot, window):
     dialog = window.open_settings()
     qtbot.addWidget(dialog)
     picker = dialog.open_catalog()
@@ -17,8 +17,8 @@ def test_the_picker_shows_the_catalogue_and_predicts_speed_from_bandwidth(qtbot,
     first = catalog.CATALOG[0]
     assert picker.table.item(0, 0).text() == first.title + " (default)"
     assert picker.table.item(0, STATE_COLUMN).text() == "not installed"
-    qtbot.waitUntil(lambda: picker.bandwidth_gb_s is not None, timeout=60_000)
-    expected = picker.bandwidth_gb_s * 1e9 / first.weight_bytes_per_token
+    qtbot.waitUntil(lambda: picker.stream_gb_s is not None, timeout=60_000)
+    expected = picker.stream_gb_s * 1e9 / first.weight_bytes_per_token
     assert picker.table.item(0, SPEED_COLUMN).text() == f"≈{expected:.0f} tokens/s"
     assert predicted_speed(first, None) == "measuring…"
     assert picker.install_button.isEnabled() and not picker.use_button.isEnabled()
