@@ -94,3 +94,13 @@ def cli(data_dir, capsys):
         return rc, out, err
 
     return run
+
+
+@pytest.fixture
+def no_bandwidth_probe(monkeypatch):
+    """ellm bench without its two machine probes (read bandwidth, weight streaming): fixed figures,
+    for tests about something else."""
+    import app.bench.speed
+
+    monkeypatch.setattr(app.bench.speed, "read_bandwidth_gb_s", lambda: 10.0)
+    monkeypatch.setattr(app.bench.speed, "stream_gb_s", lambda threads: 8.0)

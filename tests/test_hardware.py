@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from app.engine.cpu.bandwidth import (
     probe_read_bandwidth,
 )
 from app.engine.kv import sizes as kv_sizes
-from app.engine.quant.stream_probe import probe_weight_stream, weight_matrices
+from app.engine.quant.stream_probe import l3_bytes, probe_weight_stream, weight_matrices
 from app.engine.model.gguf_file import scan_gguf
 from app.runtime.hw_report import format_report, hardware_report
 from tests.engine.fake_sysfs import (
@@ -43,7 +44,8 @@ def smollm2() -> Path:
 def test_two_socket_server_report(tmp_path, smollm2):
     report = hardware_report(two_socket_server(tmp_path), model_path=smollm2)
     assert {k: report[k] for k in ("cpu_model", "sockets", "physical_cores", "logical_cores", "smt",
-                                   "numa_nodes", "governor", "bandwidth_gb_s", "threads", "warnings")} == {
+                                   "numa_nodes", "governor", "bandwidth_gb_s", "weight_stream_gb_s", "threads",
+                                   "warnings")} == {
         "cpu_model": XEON,
         "sockets": 2,
         "physical_cores": 8,
@@ -55,6 +57,7 @@ def test_two_socket_server_report(tmp_path, smollm2):
         ],
         "governor": "powersave",
         "bandwidth_gb_s": None,          # never measured for a fake tree
+        "weight_stream_gb_s": None,
         "threads": {
             "count": 8, "requested": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "numa_policy": "distribute",
             "plan": "8 threads, one per physical core; NUMA distribute: node 0: CPUs 0-3; node 1: CPUs 4-7",
@@ -85,7 +88,7 @@ def test_one_node_vm_report(tmp_path):
         "  node 0: CPUs 0-1, 8.0 GiB",
         "Governor    unknown (no cpufreq)",
         "Bandwidth   not measured",
-        "Decode      not measured",
+        "Weights     not measured",
         "Threads     2 threads, one per physical core; CPUs 0-1 (one NUMA node)",
         "KV cache    no model given",
         "Warnings    none",
@@ -262,6 +265,7 @@ def test_bandwidth_probe_measures_this_machine():
 
 
 def test_weight_stream_probe_runs_the_engines_products_over_a_q4_k_m_mix():
+    before = numba.get_num_threads()
     matrices = weight_matrices(48 << 20)
     by_type = {}
     for m in matrices:
@@ -272,16 +276,28 @@ def test_weight_stream_probe_runs_the_engines_products_over_a_q4_k_m_mix():
         "every matrix streams memory of its own (shared planes would be read from cache)"
     x = np.ones((1, matrices[0].shape[1]), np.float32)
     assert np.isfinite(matrices[0].matmul(x)).all()
-    probe = probe_weight_stream(nbytes=48 << 20, repeats=2)
-    assert probe.nbytes == sum(m.nbytes for m in matrices) and probe.repeats == 2 and probe.threads >= 1
+    probe = probe_weight_stream(threads=1, nbytes=48 << 20, repeats=2)
+    assert probe.nbytes == sum(m.nbytes for m in matrices) and probe.repeats == 2 and probe.threads == 1
+    assert numba.get_num_threads() == before, "the caller's thread count is given back"
     assert 0.1 < probe.median_gb_s <= probe.best_gb_s < 10_000
+
+
+def test_l3_bytes_adds_each_shared_cache_once(tmp_path):
+    for cpu, shared in ((0, "0-1"), (1, "0-1"), (2, "2-3"), (3, "2-3")):
+        d = tmp_path / f"cpu{cpu}" / "cache" / "index3"
+        d.mkdir(parents=True)
+        (d / "size").write_text("32768K\n")
+        (d / "shared_cpu_list").write_text(shared + "\n")
+    assert l3_bytes(str(tmp_path)) == 2 * 32 << 20
+    assert l3_bytes(str(tmp_path / "none")) == 0
 
 
 def test_live_report(smollm2):
     report = hardware_report(model_path=smollm2)
-    assert report["bandwidth_gb_s"] > 0.1 and report["decode_gb_s"] > 0.1
-    assert report["decode_stream"]["bytes"] > 200 << 20
+    assert report["bandwidth_gb_s"] > 0.1 and report["weight_stream_gb_s"] > 0.1
+    assert report["weight_stream"]["bytes"] > 200 << 20
+    assert report["weight_stream"]["threads"] == report["threads"]["count"], "on the plan's threads"
     assert report["cpu_model"]
     assert 1 <= report["threads"]["count"] == len(report["threads"]["cpus"]) <= report["physical_cores"]
     assert report["kv"]["bytes_per_token"] == 23040
-    assert "Bandwidth   " in format_report(report) and "Decode      " in format_report(report)
+    assert "Bandwidth   " in format_report(report) and "Weights     " in format_report(report)

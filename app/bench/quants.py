@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, quants
 
 from app.engine.quant.qmatrix import QMatrix
+from app.engine.quant.stream_probe import made_up_blocks
 
 STREAM_BYTES = 64 << 20  # working set of `types`: twice the 32 MiB L3 here
 
@@ -35,12 +36,7 @@ def _random_matrix(qtype, n_out, n_in, rng) -> np.ndarray:
         return rng.standard_normal((n_out, n_in)).astype(np.float32)
     if qtype in (Q.F16, Q.BF16):
         return rng.standard_normal((n_out, n_in)).astype(np.float16).view(np.uint16)
-    size = {Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}[qtype]
-    raw = rng.integers(0, 256, (n_out, n_in // 256, size), dtype=np.uint8)
-    scale = np.full(raw.shape[:2], 0.01, np.float16).view(np.uint8).reshape(raw.shape[:2] + (2,))
-    for off in ((208,) if qtype == Q.Q6_K else (0, 2)):
-        raw[:, :, off:off + 2] = scale
-    return raw.reshape(n_out, -1)
+    return made_up_blocks(qtype, n_out, n_in, rng)
 
 
 def _best_time(fn, rounds: int, reps: int, cpu: bool = False) -> float:

@@ -130,13 +130,16 @@ def read_bandwidth_gb_s() -> float:
     return probe_read_bandwidth().best_gb_s
 
 
-def stream_gb_s() -> float:
-    """The rate the engine's Q4_K/Q6_K kernels stream weights for one token (best of
-    engine/quant/stream_probe.py): what a decode step's weights go at, where the read bandwidth
-    only bounds it."""
+def stream_gb_s(threads: int) -> float | None:
+    """The rate the engine's Q4_K/Q6_K kernels stream weights for one token on ``threads``
+    threads (best of engine/quant/stream_probe.py): a ceiling of decode, nearer than the read
+    bandwidth; None where the probe cannot run."""
     from app.engine.quant.stream_probe import probe_weight_stream
 
-    return probe_weight_stream().best_gb_s
+    try:
+        return probe_weight_stream(threads).best_gb_s
+    except (MemoryError, RuntimeError, ValueError):
+        return None
 
 
 # ---- Measuring ----------------------------------------------------------------------
@@ -255,7 +258,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     sparse = cfg.sparse or SparseConfig()
     sparse_opts = sparse.options()
     bandwidth = read_bandwidth_gb_s()
-    stream = stream_gb_s()
+    stream = stream_gb_s(threads)
     results, skipped = [], []
     states = None
     if cfg.states_dir is not None:

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv", default=None, help="KV cache precision for the calculator (f16, k8v8, k8v4, k4v4)")
     p.add_argument("--context", type=int, default=None, metavar="N", help="context length to check against free RAM")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
-    p.add_argument("--no-probe", action="store_true", help="skip the bandwidth probe")
+    p.add_argument("--no-probe", action="store_true", help="skip the read-bandwidth and weight-streaming probes")
     p.set_defaults(func=cmd_hw)
 
     p = sub.add_parser("doctor", parents=[common], help="check the data directory and repair what is safe to repair")

@@ -60,7 +60,7 @@ class CatalogModel:
                 + int(MEMORY_MARGIN_SHARE * self.file_size))
 
     def predicted_tok_s(self, stream_gb_s: float | None) -> float | None:
-        """Decode tokens/s at short context on a machine whose kernels stream weights at
+        """The most decode tokens/s at short context on a machine whose kernels stream weights at
         ``stream_gb_s`` (engine/quant/stream_probe.py): a decode step reads every weight once
         (docs/ARCHITECTURE.md, "Performance is counted in bytes")."""
         if not stream_gb_s:

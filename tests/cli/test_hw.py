@@ -16,7 +16,7 @@ def test_two_socket_server_plan(cli, tmp_path):
     node_cpus = {n["id"]: set(n["cpus"]) for n in r["numa_nodes"]}
     assert set(t["cpus"]) & node_cpus[0] and set(t["cpus"]) & node_cpus[1], "distribute covers both nodes"
     assert r["kv"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 2
-    assert r["bandwidth_gb_s"] is None and r["decode_gb_s"] is None  # never probed on a fake tree
+    assert r["bandwidth_gb_s"] is None and r["weight_stream_gb_s"] is None  # never probed on a fake tree
     assert any("powersave" in w for w in r["warnings"])
 
 
@@ -44,6 +44,6 @@ def test_this_machine(cli):
     rc, r, _ = cli("hw", "--json", "--no-probe", json_out=True)
     assert rc == 0
     assert {"cpu_model", "sockets", "physical_cores", "logical_cores", "numa_nodes", "governor", "bandwidth_gb_s",
-            "decode_gb_s", "threads", "kv", "warnings"} <= set(r)
+            "weight_stream_gb_s", "threads", "kv", "warnings"} <= set(r)
     assert {"count", "cpus", "numa_policy", "plan"} <= set(r["threads"])
     assert {"bytes_per_token", "max_context", "recommended_context"} <= set(r["kv"])

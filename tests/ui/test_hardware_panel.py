@@ -13,7 +13,8 @@ from tests.engine.fake_sysfs import XEON, one_node_vm, two_socket_server
 def server_report(tmp_path):
     report = hardware_report(two_socket_server(tmp_path / "server"))
     report["bandwidth_gb_s"] = 40.0          # as if measured
-    report["decode_gb_s"] = 31.5
+    report["weight_stream_gb_s"] = 31.5
+    report["weight_stream"] = {"threads": 8}
     return report
 
 
@@ -31,7 +32,7 @@ def test_panel_shows_the_report(panel):
     assert panel.nodes.text() == "node 0: CPUs 0-3,8-11, 64.0 GiB\nnode 1: CPUs 4-7,12-15, 64.0 GiB"
     assert panel.governor.text() == "powersave"
     assert panel.bandwidth.text() == "40.0 GB/s"
-    assert panel.stream.text() == "31.5 GB/s through the weight kernels"
+    assert panel.stream.text() == "31.5 GB/s through the weight kernels (8 threads)"
     assert panel.plan.text() == "8 threads, one per physical core; NUMA distribute: node 0: CPUs 0-3; node 1: CPUs 4-7"
     assert panel.kv.text() == "no model chosen"
     assert panel.live.text() == "Live: idle"
