@@ -54,6 +54,19 @@ def llama_cpp():
 TIE = 0.1   # logits this close are a tie: a last-bit difference anywhere before can swap them
 
 
+def llamacpp_built_for_this_cpu(llama_cpp) -> bool:
+    """Whether this llama.cpp sums where eLLM's K-quant models sum as it does on this CPU: its
+    f16 attention and softmax in the lanes of attention/ggml_lanes.py (``WIDE``: 16 where the CPU
+    has AVX-512) and its exp in the form of ops/expf.py (``AVX512_EXPF``) -- a build with AVX-512
+    exactly where the CPU has it, as pip builds it there -- and no AMX (whose batch kernels sum
+    in another order)."""
+    from app.engine.attention.ggml_lanes import WIDE
+    from app.engine.ops.expf import AVX512_EXPF
+
+    info = llama_cpp.llama_print_system_info().decode()
+    return "AMX_INT8 = 1" not in info and ("AVX512 = 1" in info) == WIDE == AVX512_EXPF
+
+
 def llamacpp_takes_the_avx2_kernels(llama_cpp) -> bool:
     """Whether this llama.cpp build multiplies through the AVX2 kernels that eLLM reproduces bit
     for bit. A build with AVX-512 or AMX (on a CPU that has them, such as this project's

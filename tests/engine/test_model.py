@@ -20,7 +20,7 @@ from app.engine.model.config import (
 from app.engine.model.transformer import Model
 from app.engine.ops.expf import ggml_expf
 from app.engine.ops.f16 import f16_to_f32, f32_to_f16
-from tests.engine.conftest import llama_logits, llamacpp_takes_the_avx2_kernels
+from tests.engine.conftest import llama_logits, llamacpp_built_for_this_cpu
 
 PROMPT = [5, 977, 12, 1500, 44, 300, 2001, 87, 640, 19, 1024, 256, 7, 1999, 333, 42, 818, 99, 1400, 61]
 STEPS = [410, 12, 1777, 5, 930, 64]
@@ -160,12 +160,14 @@ def test_k_quant_logits_are_bit_exact_with_llamacpp(tiny_model, llama_cpp, arch,
     """Q4_K and Q6_K, the formats of a Q4_K_M file, on an AVX2 machine: the same logits as
     llama.cpp bit for bit, for a prompt in one batch (llama.cpp: Q4_K through its 8-row
     repacked gemm, Q6_K through vec_dot) and for single-token decode steps (its gemv). Every
-    row count is a multiple of 8, as llama.cpp needs to repack (real models' are). Against a
-    llama.cpp built with AVX-512 or AMX, whose batch kernels sum in another order, the logits
-    agree to float rounding; where eLLM's batches take AMX (quant/kquants_amx.py: every token
-    of a batch gets its gemv bits, the bits it gets alone) a last-bit difference can flip the
-    8-bit rounding of one activation (measured: 0.029 at one of 20 positions, logits up to 274,
-    1.1e-4 of the largest; every other position within 6e-5)."""
+    row count is a multiple of 8, as llama.cpp needs to repack (real models' are). The same
+    against a llama.cpp built with AVX-512 on a CPU that has it (its attention sums in 16 lanes
+    and its exp takes the AVX-512 form there, and so do eLLM's). Against a build for another
+    CPU, or with AMX, whose kernels sum in another order, the logits agree to float rounding;
+    where eLLM's batches take AMX (quant/kquants_amx.py: every token of a batch gets its gemv
+    bits, the bits it gets alone) a last-bit difference can flip the 8-bit rounding of one
+    activation (measured: 0.029 at one of 20 positions, logits up to 274, 1.1e-4 of the
+    largest; every other position within 6e-5)."""
     from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2
     if not HAS_AVX2:
@@ -178,7 +180,7 @@ def test_k_quant_logits_are_bit_exact_with_llamacpp(tiny_model, llama_cpp, arch,
     ours_prompt = prefill(model, cache, PROMPT, all_logits=True)
     ours_steps = np.stack([decode_one_token(model, cache, t) for t in STEPS])
     amx_batches = HAS_AMX and qtype == Q.Q4_K       # the prompt (20 tokens) on eLLM's AMX path
-    if llamacpp_takes_the_avx2_kernels(llama_cpp) and not amx_batches:
+    if llamacpp_built_for_this_cpu(llama_cpp) and not amx_batches:
         np.testing.assert_array_equal(ours_prompt, ref_prompt)
         np.testing.assert_array_equal(ours_steps, ref_steps)
     else:
@@ -336,6 +338,56 @@ def test_ggml_expf_is_a_faithful_exp():
     finite = ref > 1e-37
     assert np.all(np.abs(y[finite] / ref[finite] - 1) < 4e-7)   # within ~3 ulp
     assert y[x == 0].tolist() == [1.0, 1.0] and y[-1] == 0.0 and y[-2] < 1e-44
+
+
+def _fma32(a, b, c):
+    """float32 fma(a, b, c) in numpy: the product exact in 80-bit long double, one more rounding
+    there, then to float32 (a second rounding lands on a float32 tie about once in 2**40)."""
+    ld = np.longdouble
+    return (ld(a) * ld(b) + ld(c)).astype(np.float32)
+
+
+def test_both_forms_of_ggml_expf_are_ggmls_formulas_and_differ_in_the_last_bit():
+    """vec.h has two ggml_v_expf: the AVX2 one ends with fma(j, 2^n, 2^n), the AVX-512 one adds
+    the 1 inside its polynomial and scales by 2^n in one rounding (_mm512_scalef_ps). A
+    llama.cpp built for a CPU with AVX-512 takes the second in softmax and SiLU, and so does
+    eLLM there (ops/expf.py AVX512_EXPF). Each form, one lane and eight, against the formula in
+    numpy; they differ in the last bit for about a quarter of inputs, which is why the choice matters."""
+    from numba import njit
+
+    from app.engine.ops.expf import expf8_avx2, expf8_avx512, expf_avx2, expf_avx512
+    from app.engine.ops.simd import load8, store8
+
+    @njit
+    def run(x):
+        out = np.empty((4, x.shape[0]), np.float32)
+        for i in range(x.shape[0]):
+            out[0, i] = expf_avx2(x[i])
+            out[1, i] = expf_avx512(x[i])
+        for i in range(0, x.shape[0], 8):
+            store8(expf8_avx2(load8(x, i)), out[2], i)
+            store8(expf8_avx512(load8(x, i)), out[3], i)
+        return out
+
+    x = np.linspace(-100, 88, 20000).astype(np.float32)
+    avx2, avx512, avx2_8, avx512_8 = run(x)
+    np.testing.assert_array_equal(avx2_8, avx2)
+    np.testing.assert_array_equal(avx512_8, avx512)
+    f = np.float32
+    z = _fma32(x, f(float.fromhex("0x1.715476p+0")), f(float.fromhex("0x1.8p23")))
+    n = (z - f(float.fromhex("0x1.8p23"))).astype(np.float32)
+    b = _fma32(-n, f(float.fromhex("0x1.7f7d1cp-20")), _fma32(-n, f(float.fromhex("0x1.62e4p-1")), x))
+    u = (b * b).astype(np.float32)
+    poly = _fma32(_fma32(f(float.fromhex("0x1.0e4020p-7")), b, f(float.fromhex("0x1.573e2ep-5"))), u,
+                  _fma32(f(float.fromhex("0x1.555e66p-3")), b, f(float.fromhex("0x1.fffdb6p-2"))))
+    j = _fma32(poly, u, _fma32(f(float.fromhex("0x1.ffffecp-1")), b, f(1.0)))
+    scalef = np.ldexp(j.astype(np.float64), n.astype(np.int64)).astype(np.float32)   # one rounding
+    np.testing.assert_array_equal(avx512, scalef)
+    near = np.abs(n) <= 126
+    j2 = _fma32(poly, u, (f(float.fromhex("0x1.ffffecp-1")) * b).astype(np.float32))
+    k = np.ldexp(np.float32(1), n.astype(np.int64)).astype(np.float32)
+    np.testing.assert_array_equal(avx2[near], _fma32(j2, k, k)[near])
+    assert 0 < np.count_nonzero(avx2 != avx512) < len(x) // 2   # measured: 26 % of these inputs
 
 
 def test_f16_conversions_round_like_numpy():

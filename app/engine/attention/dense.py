@@ -6,16 +6,17 @@ Numerics follow llama.cpp's CPU path without flash attention
   kq  = mul_mat(k, q)     K is f16, so ggml converts q to f16 (the vec_dot_type of
                           GGML_TYPE_F16, ggml-cpu/ggml-cpu.c type_traits_cpu);
   kq  = soft_max_ext(kq, mask, scale)   f32: x*scale (+0 mask), max, ggml_v_expf(x - max),
-                          8-lane partial sums added in double, times (float)(1/sum)
+                          8- or 16-lane partial sums added in double, times (float)(1/sum)
                           (ggml-cpu/ops.cpp soft_max_f32, vec.cpp ggml_vec_soft_max_f32);
   kqv = mul_mat(v, kq)    V is f16, so the probabilities are rounded to f16 too.
 
 The two f16 matmuls accumulate with FMAs into SIMD lanes whose layout depends on the batch:
 one query token (decode) goes through ggml_vec_dot_f16 (vec.cpp: 4 accumulators x 8 lanes,
 reduced by GGML_F32x8_REDUCE), two or more (prefill) through llamafile's tinyBLAS
-(llamafile/sgemm.cpp: one 8-lane accumulator, then hsum). We keep the same lanes and the
-same reduction trees, so for the same inputs the outputs agree bit for bit; the cost is
-nil, the lanes are what SIMD code does anyway.
+(llamafile/sgemm.cpp: one 8-lane accumulator, then hsum) -- 16 lanes each where the CPU has
+AVX-512, as a llama.cpp built there has them (ggml_lanes.py ``WIDE``). We keep the same lanes
+and the same reduction trees, so for the same inputs the outputs agree bit for bit; the cost
+is nil, the lanes are what SIMD code does anyway.
 """
 from __future__ import annotations
 
@@ -27,12 +28,28 @@ from numba import njit, prange
 from ..kv.dense import KVCache
 from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8, load8_2d, splat8, store8_2d, zero8
+from ..ops.simd16 import fma16, hsum16, load16, load16_2d, zero16
 from ..quant.layout import num_threads
 from . import dense_groups
-from .ggml_lanes import reduce_lanes8, reduce_lanes32, softmax, vec_dot_f16
+from .ggml_lanes import F16_STEP, TINYBLAS_LANES, WIDE, reduce_lanes, softmax, vec_dot_f16
 
 
 # ---- Kernels ---------------------------------------------------------------------------
+
+
+@njit(inline="always")
+def _scores_tinyblas16(k, q16, n_kv, scale, s):
+    """``_scores_tinyblas`` with tinyBLAS's 16 lanes (WIDE): one 16-lane accumulator per dot,
+    then _mm512_reduce_add_ps. HD % 16 == 0.
+
+    k  # (C, HD) uint16 f16 bits;  q16  # (HD,) float32;  s  # (>= n_kv,) float32
+    """
+    head_dim = q16.shape[0]
+    for j in range(n_kv):
+        a0 = zero16()
+        for e in range(0, head_dim, 16):
+            a0 = fma16(load16_2d(k, j, e), load16(q16, e), a0)
+        s[j] = hsum16(a0) * scale
 
 
 @njit(inline="always")
@@ -82,12 +99,12 @@ def _scores_vec_dot(k, q16, n_kv, scale, s):
 @njit(inline="always")
 def _weighted_values(p, v, n_kv, n_acc, acc, out):
     """out = sum_j f16(p[j]) * V[j] with the lanes of the matching f16 matmul: partial sum
-    j % n_acc (32: ggml_vec_dot_f16, 8: tinyBLAS) by FMA in j order, then that reduction.
-    (llama.cpp stores V transposed and runs one dot product per output dim; the lanes are
-    the same.)
+    j % n_acc (ggml_vec_dot_f16's 4 x 8 = 32 or, WIDE, 4 x 16 = 64; tinyBLAS's 8 or 16) by FMA
+    in j order, then that reduction. (llama.cpp stores V transposed and runs one dot product
+    per output dim; the lanes are the same.)
 
     p  # (>= n_kv,) float32;  v  # (C, HD) uint16 f16 bits
-    acc  # (32, HD) float32 scratch;  out  # (HD,) float32
+    acc  # (>= n_acc, HD) float32 scratch;  out  # (HD,) float32
     """
     head_dim = v.shape[1]
     lane_mask = n_acc - 1
@@ -99,10 +116,7 @@ def _weighted_values(p, v, n_kv, n_acc, acc, out):
             lane = j & lane_mask
             for d in range(0, head_dim, 8):
                 store8_2d(fma8(load8_2d(v, j, d), pv, load8_2d(acc, lane, d)), acc, lane, d)
-    if n_acc == 32:
-        reduce_lanes32(acc, out)
-    else:
-        reduce_lanes8(acc, out)
+    reduce_lanes(acc, n_acc, out)
 
 
 def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
@@ -118,10 +132,10 @@ def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
     """
     n_q, n_heads, head_dim = q.shape
     group = n_heads // k_bits.shape[1]
-    # llama.cpp: one token -> ggml_vec_dot_f16 (32 partial sums); two or more -> tinyBLAS
-    # (8 partial sums). The lanes of K.q follow HD, those of p.V follow the cell index.
+    # llama.cpp: one token -> ggml_vec_dot_f16 (4 accumulators: 32 or, WIDE, 64 partial sums);
+    # two or more -> tinyBLAS (8 or 16). The lanes of K.q follow HD, those of p.V the cell index.
     batched = n_q >= 2
-    n_acc = 8 if batched else 32
+    n_acc = TINYBLAS_LANES if batched else F16_STEP   # 4 accumulators of F16_STEP / 4 lanes
     for item in prange(n_q * n_heads):
         t = item // n_heads
         h = item - t * n_heads
@@ -134,12 +148,14 @@ def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
         for d in range(head_dim):
             q16[d] = round_f16(q[t, h, d])
         s = np.empty(n_kv, dtype=np.float32)  # (n_kv,) scores, then probabilities
-        if batched:
+        if batched and WIDE:
+            _scores_tinyblas16(k, q16, n_kv, scale, s)
+        elif batched:
             _scores_tinyblas(k, q16, n_kv, scale, s)
         else:
             _scores_vec_dot(k, q16, n_kv, scale, s)
         softmax(s, n_kv)
-        acc = np.empty((32, head_dim), dtype=np.float32)  # (32, HD) lane partial sums
+        acc = np.empty((64, head_dim), dtype=np.float32)  # (64, HD) lane partial sums
         _weighted_values(s, v, n_kv, n_acc, acc, out[t, h])
 
 
@@ -173,7 +189,7 @@ def attend(q: np.ndarray, cache: KVCache, layer: int, pos0: int, out: np.ndarray
             dense_groups.attend_one(q, cache.k_bits, cache.v_bits, layer, pos0, np.float32(scale), window,
                                     per_item, out)
             return out
-        if n_q > 1 and head_dim % 8 == 0 and window == 0:
+        if n_q > 1 and head_dim % TINYBLAS_LANES == 0 and window == 0:
             dense_groups.attend_batch(q, cache.k_bits, cache.v_bits, layer, pos0, np.float32(scale), out)
             return out
     kernel = _attend_parallel if work >= PARALLEL_MIN_WORK else _attend_serial

@@ -11,7 +11,9 @@ from numba import njit, prange
 
 from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8_2d, splat8, splat8_2d, store8_2d, zero8
-from .ggml_lanes import dot_main, dot_main4, reduce_lanes8, reduce_lanes32, softmax
+from ..ops.simd16 import fma16, hsum16, load16_2d, zero16
+from .ggml_lanes import (F16_STEP, TINYBLAS_LANES, WIDE, dot_main, dot_main4, dot_main16, dot_main16x4, reduce_lanes,
+                         softmax)
 
 # ---- One query token (decode) -----------------------------------------------------------------
 
@@ -25,7 +27,7 @@ def _scores_group(k, q16, n_kv, scale, s):
     ggml_vec_dot_f16's lanes. Key rows are converted from f16 once, KEY_BLOCK at a time, for
     all the heads (converting them for each head's dot cost half the kernel); each dot keeps
     its own accumulators and order, so the scores are the same bits (four keys at a time,
-    ``dot_main4``). HD % 32 == 0.
+    ``dot_main4``; ``dot_main16`` where WIDE). HD % 32 == 0.
 
     k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32;  s  # (G, >= n_kv) float32
     """
@@ -38,6 +40,22 @@ def _scores_group(k, q16, n_kv, scale, s):
                 store8_2d(load8_2d(k, j0 + i, e), kf, i, e)
         n4 = nb - nb % 4
         for g in range(q16.shape[0]):
+            if WIDE and head_dim % F16_STEP == 0:   # ggml_vec_dot_f16 in 16 lanes, no leftovers
+                for i in range(0, n4, 4):
+                    d0, d1, d2, d3 = dot_main16x4(kf, i, q16, g, head_dim)
+                    s[g, j0 + i], s[g, j0 + i + 1] = d0 * scale, d1 * scale
+                    s[g, j0 + i + 2], s[g, j0 + i + 3] = d2 * scale, d3 * scale
+                for i in range(n4, nb):
+                    s[g, j0 + i] = dot_main16(kf, i, q16, g, head_dim) * scale
+                continue
+            if WIDE:   # steps of 64, the rest (HD % 64) added in double
+                n_main = head_dim - head_dim % F16_STEP
+                for i in range(nb):
+                    dot = np.float64(dot_main16(kf, i, q16, g, n_main))
+                    for e in range(n_main, head_dim):
+                        dot += kf[i, e] * q16[g, e]
+                    s[g, j0 + i] = np.float32(dot) * scale
+                continue
             for i in range(0, n4, 4):
                 d0, d1, d2, d3 = dot_main4(kf, i, q16, g, head_dim)
                 s[g, j0 + i], s[g, j0 + i + 1] = d0 * scale, d1 * scale
@@ -74,37 +92,38 @@ def _fma4(vf, row, p, g, j, sums):
 
 @njit(inline="always")
 def _values_group(p, v, n_kv, acc):
-    """acc[g, l] = sum over j = l, l + 32, ... of p[g, j] * V[j], by FMA in j order: for each
-    query head g of a GQA group, the 32 partial sums of ggml_vec_dot_f16 over the cell index
-    (dense.py's ``_weighted_values`` with 32 lanes).
+    """acc[g, l] = sum over j = l, l + L, ... of p[g, j] * V[j], by FMA in j order: for each
+    query head g of a GQA group, the L = F16_STEP (32, or 64 where WIDE) partial sums of
+    ggml_vec_dot_f16 over the cell index (dense.py's ``_weighted_values`` with L lanes).
 
     Why this shape: V is converted from f16 once for all the group's heads, VALUE_BLOCK rows at a
-    time, into 8-dim chunks whose rows are contiguous; then for each head and chunk, 16 of the 32
-    lane sums at a time stay in registers over the block's rows (lane l takes rows l, l + 32, ...:
+    time, into 8-dim chunks whose rows are contiguous; then for each head and chunk, 16 of the L
+    lane sums at a time stay in registers over the block's rows (lane l takes rows l, l + L, ...:
     the same adds in the same order, so the same bits). Sums kept in memory instead (a load and a
     store around every multiply-add) made this kernel twice as slow.
 
     p  # (G, >= n_kv) float32, probabilities already rounded to f16
-    v  # (C, HD) uint16 f16 bits, HD % 8 == 0;  acc  # (G, 32, HD) float32, overwritten
+    v  # (C, HD) uint16 f16 bits, HD % 8 == 0;  acc  # (G, L, HD) float32, overwritten
     """
     n_group = p.shape[0]
     n_chunks = v.shape[1] // 8
     vf = np.empty((n_chunks * _CHUNK_ROWS, 8), dtype=np.float32)  # (chunks x rows, 8) the block in f32
     acc[:] = 0.0
-    for jb in range(0, n_kv, VALUE_BLOCK):   # jb % 32 == 0: row i of a block is lane i & 31
+    n_lanes = F16_STEP
+    for jb in range(0, n_kv, VALUE_BLOCK):   # jb % L == 0: row i of a block is lane i & (L - 1)
         nb = min(VALUE_BLOCK, n_kv - jb)
         for i in range(nb):
             for c in range(n_chunks):
                 store8_2d(load8_2d(v, jb + i, 8 * c), vf, c * _CHUNK_ROWS + i, 0)
-        n32 = nb - nb % 32
+        n_whole = nb - nb % n_lanes
         for g in range(n_group):
-            a = acc[g]  # (32, HD) float32
+            a = acc[g]  # (L, HD) float32
             for c in range(n_chunks):
                 d, base = 8 * c, c * _CHUNK_ROWS
-                for half in range(0, 32, 16):
+                for half in range(0, n_lanes, 16):
                     s0, s1 = _load4(a, half, d), _load4(a, half + 4, d)
                     s2, s3 = _load4(a, half + 8, d), _load4(a, half + 12, d)
-                    for r in range(half, n32, 32):
+                    for r in range(half, n_whole, n_lanes):
                         s0 = _fma4(vf, base + r, p, g, jb + r, s0)
                         s1 = _fma4(vf, base + r + 4, p, g, jb + r + 4, s1)
                         s2 = _fma4(vf, base + r + 8, p, g, jb + r + 8, s2)
@@ -113,8 +132,8 @@ def _values_group(p, v, n_kv, acc):
                     _store4(s1, a, half + 4, d)
                     _store4(s2, a, half + 8, d)
                     _store4(s3, a, half + 12, d)
-                for i in range(n32, nb):   # the last rows, fewer than 32
-                    lane = i & 31
+                for i in range(n_whole, nb):   # the last rows, fewer than L
+                    lane = i & (n_lanes - 1)
                     store8_2d(fma8(load8_2d(vf, base + i, 0), splat8_2d(p, g, jb + i), load8_2d(a, lane, d)),
                               a, lane, d)
 
@@ -147,10 +166,10 @@ def attend_one(q, k_bits, v_bits, layer, pos0, scale, window, per_item, out):
             softmax(s[g], n_kv)
             for j in range(n_kv):
                 s[g, j] = round_f16(s[g, j])  # V is f16, so ggml rounds the probabilities too
-        acc = np.empty((per_item, 32, head_dim), dtype=np.float32)  # (G', 32, HD) lane partial sums
+        acc = np.empty((per_item, F16_STEP, head_dim), dtype=np.float32)  # (G', L, HD) lane partial sums
         _values_group(s, v, n_kv, acc)
         for g in range(per_item):
-            reduce_lanes32(acc[g], out[0, h0 + g])
+            reduce_lanes(acc[g], F16_STEP, out[0, h0 + g])
 
 
 def heads_per_item(n_heads: int, n_kv_heads: int, n_threads: int) -> int:
@@ -209,20 +228,55 @@ def _scores_tile(k, q16, j0, j1, scale, s):
 
 
 @njit(inline="always")
+def _scores_tile16(k, q16, j0, j1, scale, s):
+    """``_scores_tile`` with tinyBLAS's 16 lanes (WIDE): one 16-lane accumulator a dot, then
+    _mm512_reduce_add_ps (hsum16). HD % 16 == 0."""
+    head_dim = q16.shape[1]
+    for j in range(j0, j1):
+        a0 = zero16()
+        a1 = zero16()
+        a2 = zero16()
+        a3 = zero16()
+        a4 = zero16()
+        a5 = zero16()
+        a6 = zero16()
+        a7 = zero16()
+        for e in range(0, head_dim, 16):
+            ke = load16_2d(k, j, e)
+            a0 = fma16(ke, load16_2d(q16, 0, e), a0)
+            a1 = fma16(ke, load16_2d(q16, 1, e), a1)
+            a2 = fma16(ke, load16_2d(q16, 2, e), a2)
+            a3 = fma16(ke, load16_2d(q16, 3, e), a3)
+            a4 = fma16(ke, load16_2d(q16, 4, e), a4)
+            a5 = fma16(ke, load16_2d(q16, 5, e), a5)
+            a6 = fma16(ke, load16_2d(q16, 6, e), a6)
+            a7 = fma16(ke, load16_2d(q16, 7, e), a7)
+        s[0, j] = hsum16(a0) * scale
+        s[1, j] = hsum16(a1) * scale
+        s[2, j] = hsum16(a2) * scale
+        s[3, j] = hsum16(a3) * scale
+        s[4, j] = hsum16(a4) * scale
+        s[5, j] = hsum16(a5) * scale
+        s[6, j] = hsum16(a6) * scale
+        s[7, j] = hsum16(a7) * scale
+
+
+@njit(inline="always")
 def _values_tile(pt, v, j0, j1, acc):
-    """acc[i, l] += sum over j = l, l + 8, ... in j0 .. j1 of pt[j, i] * V[j], by FMA in j
-    order: tinyBLAS's 8 partial sums over the cell index (dense.py ``_weighted_values`` with 8
-    lanes) for the TILE query vectors, 8 dims at a time with their sums in registers, so each
-    value row is read once for the tile. j0 is a multiple of 8, so that the blocks of keys
-    continue each lane's sum in order (zeros before the first). A probability of 0 (a masked
-    key) adds an exact zero.
+    """acc[i, l] += sum over j = l, l + L, ... in j0 .. j1 of pt[j, i] * V[j], by FMA in j
+    order: tinyBLAS's L = TINYBLAS_LANES (8, or 16 where WIDE) partial sums over the cell
+    index (dense.py ``_weighted_values`` with L lanes) for the TILE query vectors, 8 dims at a
+    time with their sums in registers, so each value row is read once for the tile. j0 is a
+    multiple of L, so that the blocks of keys continue each lane's sum in order (zeros before
+    the first). A probability of 0 (a masked key) adds an exact zero.
 
     pt  # (>= j1, TILE) float32, probabilities already rounded to f16, by key
-    v   # (C, HD) uint16 f16 bits;  acc  # (TILE, 8, HD) float32
+    v   # (C, HD) uint16 f16 bits;  acc  # (TILE, L, HD) float32
     """
     head_dim = v.shape[1]
+    n_lanes = TINYBLAS_LANES
     for d in range(0, head_dim, 8):
-        for lane in range(8):
+        for lane in range(n_lanes):
             a0 = load8_2d(acc[0], lane, d)
             a1 = load8_2d(acc[1], lane, d)
             a2 = load8_2d(acc[2], lane, d)
@@ -231,7 +285,7 @@ def _values_tile(pt, v, j0, j1, acc):
             a5 = load8_2d(acc[5], lane, d)
             a6 = load8_2d(acc[6], lane, d)
             a7 = load8_2d(acc[7], lane, d)
-            for j in range(j0 + lane, j1, 8):
+            for j in range(j0 + lane, j1, n_lanes):
                 vj = load8_2d(v, j, d)
                 a0 = fma8(vj, splat8(pt[j, 0]), a0)
                 a1 = fma8(vj, splat8(pt[j, 1]), a1)
@@ -257,7 +311,7 @@ def attend_batch(q, k_bits, v_bits, layer, pos0, scale, out):
     computes them, bit for bit, TILE query vectors at a time: the heads of one GQA group for
     consecutive tokens (vector m of KV head kvh is token m // G, head kvh * G + m % G). Each
     query sees its own causal prefix; keys past it get probability 0 in the shared sweep. Needs
-    HD % 8 == 0.
+    HD % TINYBLAS_LANES == 0.
 
     TILE_GROUP tiles go over the keys and values together, a block of ATTEND_BLOCK rows at a
     time, so each row is read from memory once for the group rather than once for each tile
@@ -291,7 +345,9 @@ def attend_batch(q, k_bits, v_bits, layer, pos0, scale, out):
         for j0 in range(0, n_max, ATTEND_BLOCK):
             for tt in range(n_tg):
                 j1 = min(j0 + ATTEND_BLOCK, _tile_keys(tt, n_vec, first, pos0, group))
-                if j1 > j0:
+                if j1 > j0 and WIDE:
+                    _scores_tile16(k, q16[tt], j0, j1, scale, s[tt])
+                elif j1 > j0:
                     _scores_tile(k, q16[tt], j0, j1, scale, s[tt])
         pt = np.zeros((n_tg, n_max, TILE), dtype=np.float32)        # (tiles, n_max, TILE) probabilities by key
         for i in range(n_vec):
@@ -300,14 +356,15 @@ def attend_batch(q, k_bits, v_bits, layer, pos0, scale, out):
             softmax(row, n_kv)
             for j in range(n_kv):
                 pt[i // TILE, j, i % TILE] = round_f16(row[j])   # V is f16, so ggml rounds the probabilities too
-        acc = np.zeros((n_tg, TILE, 8, head_dim), dtype=np.float32)  # (tiles, TILE, 8, HD) lane partial sums
+        acc = np.zeros((n_tg, TILE, TINYBLAS_LANES, head_dim), dtype=np.float32)  # (tiles, TILE, L, HD) lane sums
         for j0 in range(0, n_max, ATTEND_BLOCK):
             for tt in range(n_tg):
                 j1 = min(j0 + ATTEND_BLOCK, _tile_keys(tt, n_vec, first, pos0, group))
                 if j1 > j0:
                     _values_tile(pt[tt], v, j0, j1, acc[tt])
         for i in range(n_vec):
-            reduce_lanes8(acc[i // TILE, i % TILE], out[(first + i) // group, kvh * group + (first + i) % group])
+            reduce_lanes(acc[i // TILE, i % TILE], TINYBLAS_LANES,
+                         out[(first + i) // group, kvh * group + (first + i) % group])
 
 
 @njit(inline="always")

@@ -1,6 +1,16 @@
 """The reductions and the softmax of llama.cpp's f16 attention path (no flash attention), as
 numba helpers shared by the per-head kernels (dense.py) and the GQA-group kernels
 (dense_groups.py): the same lanes and the same trees, so every kernel gives the same bits.
+
+``WIDE``: the lanes of a llama.cpp built for this CPU. Where the CPU has AVX-512, ggml-cpu's
+f16 dot product works in 16-lane registers (simd-mappings.h, __AVX512F__: GGML_F16_STEP 64,
+GGML_F16_EPR 16, GGML_F32Cx16_REDUCE ending in _mm512_reduce_add_ps), its softmax sums 16
+lanes at a time (vec.cpp ggml_vec_soft_max_f32) and tinyBLAS multiplies f16 on __m512 (one
+16-lane accumulator a dot, hsum = _mm512_reduce_add_ps); elsewhere on x86 the 8-lane AVX2
+forms. Measured on an AMD EPYC (Zen 4) against llama-cpp-python 0.3.36 built there: with the
+8-lane sums (and the AVX2 form of exp, ops/expf.py), Qwen2.5-1.5B's logits parted from
+llama.cpp's by up to 0.6 from a prompt's second position on; with these lanes and that build's
+exp, they are its logits bit for bit, prompt and decode steps.
 """
 from __future__ import annotations
 
@@ -10,6 +20,12 @@ from numba import njit
 from ..ops.expf import expf8, ggml_expf
 from ..ops.f16 import f16_to_f32
 from ..ops.simd import add8, fma8, hadd_sum8, hsum8, load8, load8_2d, splat8, store8, zero8
+from ..ops.simd16 import add16, cat8, fma16, hsum16, load16, load16_2d, zero16
+from ..ops.simd_int import host_cpu_features
+
+WIDE = bool(host_cpu_features().get("avx512f"))
+F16_STEP = 64 if WIDE else 32      # GGML_F16_STEP: elements of one step of ggml_vec_dot_f16's 4 accumulators
+TINYBLAS_LANES = 16 if WIDE else 8  # KN of tinyBLAS's f16 kernel
 
 
 @njit(inline="always")
@@ -22,24 +38,30 @@ def reduce4x8(g0, g1, g2, g3):
 @njit(inline="always")
 def softmax(s, n):
     """In place: s[:n] = exp(s - max) / sum, as ggml soft_max_f32 (the scale is applied):
-    ggml_v_expf, each 8-lane register summed in f32 then added to a double total,
-    times (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32)."""
+    ggml_v_expf, each register's lanes (16 where WIDE, else 8) summed in f32 then added to a
+    double total, times (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32)."""
     s_max = np.float32(-np.inf)
     for j in range(n):
         s_max = max(s_max, s[j])
     minus_max = splat8(-s_max)
     total = 0.0  # ggml_float (double)
-    n8 = n - n % 8
-    for j0 in range(0, n8, 8):
+    width = 16 if WIDE else 8
+    n_main = n - n % width
+    for j0 in range(0, n_main, width):
         e = expf8(add8(load8(s, j0), minus_max))
         store8(e, s, j0)
-        total += hsum8(e)
-    if n8 < n:  # llama.cpp pads the cells to a multiple of 256 with masked (zero) entries
-        g = np.zeros(8, dtype=np.float32)
-        for j in range(n8, n):
+        if WIDE:
+            e2 = expf8(add8(load8(s, j0 + 8), minus_max))
+            store8(e2, s, j0 + 8)
+            total += hsum16(cat8(e, e2))
+        else:
+            total += hsum8(e)
+    if n_main < n:  # llama.cpp pads the cells to a multiple of 256 with masked (zero) entries
+        g = np.zeros(16, dtype=np.float32)
+        for j in range(n_main, n):
             s[j] = ggml_expf(s[j] - s_max)
-            g[j - n8] = s[j]
-        total += hsum8(load8(g, 0))
+            g[j - n_main] = s[j]
+        total += hsum16(load16(g, 0)) if WIDE else hsum8(load8(g, 0))
     inv = np.float32(1.0 / total)
     for j in range(n):
         s[j] = s[j] * inv
@@ -58,6 +80,48 @@ def reduce_lanes32(acc, out):
         x6 = (acc[6, d] + acc[22, d]) + (acc[14, d] + acc[30, d])
         x7 = (acc[7, d] + acc[23, d]) + (acc[15, d] + acc[31, d])
         out[d] = ((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7))
+
+
+@njit(inline="always")
+def _tree16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    """_mm512_reduce_add_ps's order (as ops/simd16.py hsum16): halves added pairwise down to one."""
+    t0, t1, t2, t3 = (x0 + x8) + (x4 + x12), (x1 + x9) + (x5 + x13), (x2 + x10) + (x6 + x14), (x3 + x11) + (x7 + x15)
+    return (t0 + t2) + (t1 + t3)
+
+
+@njit(inline="always")
+def reduce_lanes64(acc, out):
+    """out[d] = GGML_F32Cx16_REDUCE-order sum of the 64 partial sums acc[:, d] (four 16-lane
+    accumulators: the first plus the third, the second plus the fourth, those two, then the
+    16 lanes)."""
+    for d in range(acc.shape[1]):
+        x = np.empty(16, dtype=np.float32)
+        for i in range(16):
+            x[i] = (acc[i, d] + acc[32 + i, d]) + (acc[16 + i, d] + acc[48 + i, d])
+        out[d] = _tree16(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
+                         x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15])
+
+
+@njit(inline="always")
+def reduce_lanes16(acc, out):
+    """out[d] = tinyBLAS's hsum (_mm512_reduce_add_ps) of the 16 partial sums acc[:16, d]."""
+    for d in range(out.shape[0]):
+        out[d] = _tree16(acc[0, d], acc[1, d], acc[2, d], acc[3, d], acc[4, d], acc[5, d], acc[6, d], acc[7, d],
+                         acc[8, d], acc[9, d], acc[10, d], acc[11, d], acc[12, d], acc[13, d], acc[14, d], acc[15, d])
+
+
+@njit(inline="always")
+def reduce_lanes(acc, n_acc, out):
+    """out[d] = the sum of acc[:n_acc, d] in the order of the f16 product with that many lanes:
+    64 or 32 (ggml_vec_dot_f16, WIDE or not), 16 or 8 (tinyBLAS)."""
+    if n_acc == 64:
+        reduce_lanes64(acc, out)
+    elif n_acc == 32:
+        reduce_lanes32(acc, out)
+    elif n_acc == 16:
+        reduce_lanes16(acc, out)
+    else:
+        reduce_lanes8(acc, out)
 
 
 @njit(inline="always")
@@ -115,15 +179,55 @@ def dot_main4(k, j, q16, g, n_main):
 
 
 @njit(inline="always")
+def dot_main16(k, j, q16, g, n_main):
+    """``dot_main`` in 16-lane registers (WIDE): four accumulators over steps of 64, reduced
+    as GGML_F32Cx16_REDUCE. n_main a multiple of 64."""
+    g0 = zero16()
+    g1 = zero16()
+    g2 = zero16()
+    g3 = zero16()
+    for e in range(0, n_main, 64):
+        g0 = fma16(load16_2d(k, j, e), load16_2d(q16, g, e), g0)
+        g1 = fma16(load16_2d(k, j, e + 16), load16_2d(q16, g, e + 16), g1)
+        g2 = fma16(load16_2d(k, j, e + 32), load16_2d(q16, g, e + 32), g2)
+        g3 = fma16(load16_2d(k, j, e + 48), load16_2d(q16, g, e + 48), g3)
+    return hsum16(add16(add16(g0, g2), add16(g1, g3)))
+
+
+@njit(inline="always")
+def dot_main16x4(k, j, q16, g, n_main):
+    """``dot_main16`` of rows j .. j + 3 at once (as ``dot_main4``: each row its own four
+    accumulators and order, the same bits; sixteen chains in flight, q loaded once a step)."""
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero16()
+    c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = zero16()
+    for e in range(0, n_main, 64):
+        q0, q1 = load16_2d(q16, g, e), load16_2d(q16, g, e + 16)
+        q2, q3 = load16_2d(q16, g, e + 32), load16_2d(q16, g, e + 48)
+        a0, a1 = fma16(load16_2d(k, j, e), q0, a0), fma16(load16_2d(k, j, e + 16), q1, a1)
+        a2, a3 = fma16(load16_2d(k, j, e + 32), q2, a2), fma16(load16_2d(k, j, e + 48), q3, a3)
+        b0, b1 = fma16(load16_2d(k, j + 1, e), q0, b0), fma16(load16_2d(k, j + 1, e + 16), q1, b1)
+        b2, b3 = fma16(load16_2d(k, j + 1, e + 32), q2, b2), fma16(load16_2d(k, j + 1, e + 48), q3, b3)
+        c0, c1 = fma16(load16_2d(k, j + 2, e), q0, c0), fma16(load16_2d(k, j + 2, e + 16), q1, c1)
+        c2, c3 = fma16(load16_2d(k, j + 2, e + 32), q2, c2), fma16(load16_2d(k, j + 2, e + 48), q3, c3)
+        d0, d1 = fma16(load16_2d(k, j + 3, e), q0, d0), fma16(load16_2d(k, j + 3, e + 16), q1, d1)
+        d2, d3 = fma16(load16_2d(k, j + 3, e + 32), q2, d2), fma16(load16_2d(k, j + 3, e + 48), q3, d3)
+    return (hsum16(add16(add16(a0, a2), add16(a1, a3))), hsum16(add16(add16(b0, b2), add16(b1, b3))),
+            hsum16(add16(add16(c0, c2), add16(c1, c3))), hsum16(add16(add16(d0, d2), add16(d1, d3))))
+
+
+@njit(inline="always")
 def vec_dot_f16(k, j, q16, g):
-    """K[j] . q16[g] with ggml_vec_dot_f16's lanes: ``dot_main``, then the leftovers
-    (HD % 32) added in double.
+    """K[j] . q16[g] with ggml_vec_dot_f16's lanes: ``dot_main`` (``dot_main16`` where WIDE),
+    then the leftovers (HD % F16_STEP) added in double.
 
     k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32, already rounded to f16
     """
     head_dim = q16.shape[1]
-    n_main = head_dim - head_dim % 32
-    dot = np.float64(dot_main(k, j, q16, g, n_main))
+    n_main = head_dim - head_dim % F16_STEP
+    if WIDE:
+        dot = np.float64(dot_main16(k, j, q16, g, n_main))
+    else:
+        dot = np.float64(dot_main(k, j, q16, g, n_main))
     for e in range(n_main, head_dim):
         dot += f16_to_f32(k[j, e]) * q16[g, e]
     return np.float32(dot)
