@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import importlib
 
+from .kernel_cache import use_keyed_cache
+
+use_keyed_cache()   # before any kernel module compiles or loads a kernel (kernel_cache.py says why)
+
 _PUBLIC = {
     # the protocol every backend implements
     "Backend": "backend", "SamplingParams": "backend", "GenerationStats": "backend", "stream_text": "backend",

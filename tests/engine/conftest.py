@@ -64,14 +64,15 @@ def llamacpp_built_for_this_cpu(llama_cpp) -> bool:
     from app.engine.ops.expf import AVX512_EXPF
 
     info = llama_cpp.llama_print_system_info().decode()
-    return "AMX_INT8 = 1" not in info and ("AVX512 = 1" in info) == WIDE == AVX512_EXPF
+    return ("AMX_INT8 = 1" not in info and "LLAMAFILE = 1" in info and ("AVX512 = 1" in info) == WIDE == AVX512_EXPF
+            and (WIDE or "AVX2 = 1" in info))
 
 
 def llamacpp_takes_the_avx2_kernels(llama_cpp) -> bool:
-    """Whether this llama.cpp build multiplies through the AVX2 kernels that eLLM reproduces bit
-    for bit. A build with AVX-512 or AMX (on a CPU that has them, such as this project's
-    Sapphire Rapids machines) takes other kernels for batches, whose float sums come in another
-    order: logits then agree to float rounding, not to the bit."""
+    """Whether this llama.cpp build multiplies through the AVX2 kernels whose Q5_0/Q8_0 batch
+    products eLLM reproduces bit for bit. A build with AVX-512 or AMX takes other kernels for
+    those batches, whose float sums come in another order: logits then agree to float rounding,
+    not to the bit (K-quant models: ``llamacpp_built_for_this_cpu``)."""
     info = llama_cpp.llama_print_system_info().decode()
     return "AVX512 = 1" not in info and "AMX_INT8 = 1" not in info
 

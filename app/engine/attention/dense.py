@@ -133,7 +133,9 @@ def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
     n_q, n_heads, head_dim = q.shape
     group = n_heads // k_bits.shape[1]
     # llama.cpp: one token -> ggml_vec_dot_f16 (4 accumulators: 32 or, WIDE, 64 partial sums);
-    # two or more -> tinyBLAS (8 or 16). The lanes of K.q follow HD, those of p.V the cell index.
+    # two or more -> tinyBLAS (8 or 16). The lanes of K.q follow HD, those of p.V the cell index:
+    # p.V's length is llama.cpp's n_kv, padded to a multiple of 256 with zero probabilities
+    # (without flash attention), so tinyBLAS takes it and no cell is a leftover.
     batched = n_q >= 2
     n_acc = TINYBLAS_LANES if batched else F16_STEP   # 4 accumulators of F16_STEP / 4 lanes
     for item in prange(n_q * n_heads):
@@ -148,11 +150,11 @@ def _attend_kernel(q, k_bits, v_bits, layer, pos0, scale, window, out):
         for d in range(head_dim):
             q16[d] = round_f16(q[t, h, d])
         s = np.empty(n_kv, dtype=np.float32)  # (n_kv,) scores, then probabilities
-        if batched and WIDE:
+        if batched and WIDE and head_dim % 16 == 0:
             _scores_tinyblas16(k, q16, n_kv, scale, s)
-        elif batched:
+        elif batched and not WIDE and head_dim % 8 == 0:
             _scores_tinyblas(k, q16, n_kv, scale, s)
-        else:
+        else:   # one token, or a head size tinyBLAS refuses (k % its lanes): ggml_vec_dot_f16
             _scores_vec_dot(k, q16, n_kv, scale, s)
         softmax(s, n_kv)
         acc = np.empty((64, head_dim), dtype=np.float32)  # (64, HD) lane partial sums

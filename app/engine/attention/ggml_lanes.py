@@ -7,7 +7,8 @@ f16 dot product works in 16-lane registers (simd-mappings.h, __AVX512F__: GGML_F
 GGML_F16_EPR 16, GGML_F32Cx16_REDUCE ending in _mm512_reduce_add_ps), its softmax sums 16
 lanes at a time (vec.cpp ggml_vec_soft_max_f32) and tinyBLAS multiplies f16 on __m512 (one
 16-lane accumulator a dot, hsum = _mm512_reduce_add_ps); elsewhere on x86 the 8-lane AVX2
-forms. Measured on an AMD EPYC (Zen 4) against llama-cpp-python 0.3.36 built there: with the
+forms (not followed: a native build on a CPU with AVX512-FP16, Sapphire Rapids and later, whose
+f16 dot multiplies in f16, 32 lanes a step). Measured on an AMD EPYC (Zen 4) against llama-cpp-python 0.3.36 built there: with the
 8-lane sums (and the AVX2 form of exp, ops/expf.py), Qwen2.5-1.5B's logits parted from
 llama.cpp's by up to 0.6 from a prompt's second position on; with these lanes and that build's
 exp, they are its logits bit for bit, prompt and decode steps.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..ops.expf import expf8, ggml_expf
+from ..ops.expf import AVX512_EXPF, expf8, ggml_expf
 from ..ops.f16 import f16_to_f32
 from ..ops.simd import add8, fma8, hadd_sum8, hsum8, load8, load8_2d, splat8, store8, zero8
 from ..ops.simd16 import add16, cat8, fma16, hsum16, load16, load16_2d, zero16
@@ -38,19 +39,20 @@ def reduce4x8(g0, g1, g2, g3):
 @njit(inline="always")
 def softmax(s, n):
     """In place: s[:n] = exp(s - max) / sum, as ggml soft_max_f32 (the scale is applied):
-    ggml_v_expf, each register's lanes (16 where WIDE, else 8) summed in f32 then added to a
-    double total, times (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32)."""
+    ggml_v_expf, each register's lanes summed in f32 then added to a double total, times
+    (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32: 16 lanes under AVX-512 F and DQ, the
+    guard of its exp too, so ``AVX512_EXPF``; else 8)."""
     s_max = np.float32(-np.inf)
     for j in range(n):
         s_max = max(s_max, s[j])
     minus_max = splat8(-s_max)
     total = 0.0  # ggml_float (double)
-    width = 16 if WIDE else 8
+    width = 16 if AVX512_EXPF else 8
     n_main = n - n % width
     for j0 in range(0, n_main, width):
         e = expf8(add8(load8(s, j0), minus_max))
         store8(e, s, j0)
-        if WIDE:
+        if AVX512_EXPF:
             e2 = expf8(add8(load8(s, j0 + 8), minus_max))
             store8(e2, s, j0 + 8)
             total += hsum16(cat8(e, e2))
@@ -61,7 +63,7 @@ def softmax(s, n):
         for j in range(n_main, n):
             s[j] = ggml_expf(s[j] - s_max)
             g[j - n_main] = s[j]
-        total += hsum16(load16(g, 0)) if WIDE else hsum8(load8(g, 0))
+        total += hsum16(load16(g, 0)) if AVX512_EXPF else hsum8(load8(g, 0))
     inv = np.float32(1.0 / total)
     for j in range(n):
         s[j] = s[j] * inv

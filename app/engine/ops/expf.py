@@ -71,16 +71,22 @@ def expf_avx2(x):
 @njit(inline="always")
 def expf_avx512(x):
     """ggml_v_expf's AVX-512 form in one lane: j = 1 + c1 b + ... (the 1 inside the polynomial),
-    then j * 2^n rounded once (_mm512_scalef_ps: exact in float64, then to float32); |n| > 192
-    gives 0 or inf."""
+    then j * 2^n rounded once (_mm512_scalef_ps: j times 2^(n/2) times 2^(n - n/2), both exact
+    in float64, then to float32); |n| > 192 gives 0 or inf, NaN stays NaN. No branch and no
+    libm call, so loops over it vectorise."""
     z = fma(x, _LOG2E, _R)
     n = z - _R
     b = fma(-n, _LN2_LO, fma(-n, _LN2_HI, x))
     u = b * b
     j = fma(fma(fma(_C5, b, _C4), u, fma(_C3, b, _C2)), u, fma(_C1, b, _F(1.0)))
-    if abs(n) > _F(192.0):
-        return _F(0.0) if n <= _F(0.0) else _F(np.inf)
-    return _F(np.float64(j) * np.ldexp(1.0, int(n)))
+    far = abs(n) > _F(192.0)
+    ni = np.int32(n) if abs(n) <= _F(192.0) else np.int32(0)     # NaN and |n| > 192: 0 (not used)
+    a = ni >> 1
+    s1 = bits_f32(((a + 127) << 23) & _MASK32)
+    s2 = bits_f32(((ni - a + 127) << 23) & _MASK32)
+    scaled = _F(np.float64(j) * np.float64(s1) * np.float64(s2))
+    alt = _F(0.0) if n <= _F(0.0) else _F(np.inf)
+    return alt if far else scaled
 
 
 def _expf_avx512_ir(builder, x):
@@ -104,7 +110,7 @@ def _expf_avx512_ir(builder, x):
     abs_n = builder.call(fabs, [n])
     # 2^n as a float64 (exact for |n| <= 192), the product exact in float64, one rounding to float32
     big = builder.fcmp_ordered(">", abs_n, f(192.0))
-    n_safe = builder.select(big, f(0.0), n)
+    n_safe = builder.select(builder.fcmp_ordered("<=", abs_n, f(192.0)), n, f(0.0))   # NaN: 0, j stays NaN
     bits = builder.shl(builder.add(builder.fptosi(n_safe, v8l), ir.Constant(v8l, [1023] * 8)),
                        ir.Constant(v8l, [52] * 8))
     scaled = builder.fptrunc(builder.fmul(builder.fpext(j, v8d), builder.bitcast(bits, v8d)), V8F)

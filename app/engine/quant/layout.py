@@ -33,9 +33,9 @@ found to hold only zeros and normal finite values, and the general ``f16_to_f32`
 inf, nan; 0.5 ns/value) otherwise. Neither relies on denormal arithmetic, so both stay exact
 with FTZ/DAZ set.
 
-numba's on-disk cache (cache=True) keys a kernel on its own source file only: after editing
-this module or quant/activations.py, delete app/engine/quant/__pycache__/*.nbi / .nbc, or the
-kernels of kernels_q / kernels_k / kernels_f keep the old inlined code.
+numba's on-disk cache (cache=True) keys a kernel on its own source file only, so the engine keeps
+its kernels in a folder keyed on all its sources (kernel_cache.py): editing this module starts
+a fresh cache rather than leaving the kernels that inline it with the old code.
 """
 from __future__ import annotations
 

@@ -1,0 +1,84 @@
+"""The f16 attention sums of attention/ggml_lanes.py against numpy models of ggml's orders, in
+both widths, on any CPU: ggml_vec_dot_f16 with 4 accumulators of 8 lanes reduced by
+GGML_F32x8_REDUCE (an AVX2 build), or of 16 lanes reduced by GGML_F32Cx16_REDUCE and
+_mm512_reduce_add_ps (an AVX-512 build), and the trees of the value sums. The engine takes the
+width a llama.cpp built for its CPU takes (``WIDE``); these check both whichever that is."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.engine.attention.ggml_lanes import (dot_main, dot_main4, dot_main16, dot_main16x4, reduce_lanes,
+                                             reduce_lanes16, reduce_lanes64)
+
+F = np.float32
+
+
+def _fma(a, b, c):
+    """float32 fma: the product exact in 80-bit long double, rounded there and then to float32 (a
+    second rounding lands on a float32 tie about once in 2**40)."""
+    ld = np.longdouble
+    return (ld(a) * ld(b) + ld(c)).astype(F)
+
+
+def _reduce16(x):
+    """_mm512_reduce_add_ps (GCC and clang): halves of 8 added, then of 4, of 2, of 1."""
+    t = (x[:8] + x[8:]).astype(F)
+    t = (t[:4] + t[4:]).astype(F)
+    t = (t[:2] + t[2:]).astype(F)
+    return F(t[0] + t[1])
+
+
+def _reduce8_hadd(x):
+    """The end of GGML_F32x8_REDUCE: low + high 128 bits, then two _mm_hadd_ps."""
+    t = (x[:4] + x[4:]).astype(F)
+    return F(F(t[0] + t[1]) + F(t[2] + t[3]))
+
+
+def _ggml_dot(k, q, lanes):
+    """ggml_vec_dot_f16's main loop: 4 accumulators of ``lanes`` over steps of 4 * lanes, then
+    acc0 + acc2, acc1 + acc3, their sum, and the horizontal sum of that register."""
+    acc = np.zeros((4, lanes), F)
+    for e in range(0, len(q), 4 * lanes):
+        for a in range(4):
+            s = slice(e + a * lanes, e + (a + 1) * lanes)
+            acc[a] = _fma(k[s], q[s], acc[a])
+    x = ((acc[0] + acc[2]).astype(F) + (acc[1] + acc[3]).astype(F)).astype(F)
+    return _reduce16(x) if lanes == 16 else _reduce8_hadd(x)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_dot_products_take_ggmls_order_in_both_widths(head_dim):
+    rng = np.random.default_rng(head_dim)
+    k = rng.standard_normal((200, head_dim)).astype(np.float16)     # (rows, HD) key rows
+    q = rng.standard_normal((1, head_dim)).astype(np.float16).astype(F)   # (1, HD) q rounded to f16
+    bits = k.view(np.uint16)
+    kf = k.astype(F)
+    for j in range(200):
+        assert dot_main(bits, j, q, 0, head_dim) == _ggml_dot(kf[j], q[0], 8)
+        assert dot_main16(bits, j, q, 0, head_dim) == _ggml_dot(kf[j], q[0], 16)
+    for j in (0, 4):   # four rows at a time: each row's own accumulators, the same bits
+        assert dot_main4(kf, j, q, 0, head_dim) == tuple(dot_main(kf, j + i, q, 0, head_dim) for i in range(4))
+        assert dot_main16x4(kf, j, q, 0, head_dim) == tuple(dot_main16(kf, j + i, q, 0, head_dim) for i in range(4))
+    # the two orders are different sums: over many rows some differ in the last bit
+    many = rng.standard_normal((400, head_dim)).astype(np.float16)
+    differ = sum(dot_main(many.view(np.uint16), j, q, 0, head_dim) != dot_main16(many.view(np.uint16), j, q, 0, head_dim)
+                 for j in range(400))
+    assert differ > 0
+
+
+def test_value_sums_reduce_in_ggmls_trees():
+    rng = np.random.default_rng(7)
+    acc = rng.standard_normal((64, 5)).astype(F)      # (lanes, HD) partial sums
+    out = np.empty(5, F)
+    reduce_lanes64(acc, out)
+    for d in range(5):
+        a = acc[:, d]   # partial sum j % 64: accumulator (j % 64) // 16, lane j % 16
+        x = ((a[0:16] + a[32:48]).astype(F) + (a[16:32] + a[48:64]).astype(F)).astype(F)
+        assert out[d] == _reduce16(x)
+    reduce_lanes16(acc, out)
+    assert out.tolist() == [_reduce16(acc[:16, d]) for d in range(5)]
+    for n_acc in (64, 32, 16, 8):      # the dispatcher picks the tree of each width
+        got = np.empty(5, F)
+        reduce_lanes(acc, n_acc, got)
+        assert np.allclose(got, acc[:n_acc].sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
