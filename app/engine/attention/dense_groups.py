@@ -12,8 +12,7 @@ from numba import njit, prange
 from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8_2d, splat8, splat8_2d, store8_2d, zero8
 from ..ops.simd16 import fma16, hsum16, load16_2d, zero16
-from .ggml_lanes import (F16_STEP, TINYBLAS_LANES, WIDE, dot_main, dot_main4, dot_main16, dot_main16x4, reduce_lanes,
-                         softmax)
+from .ggml_lanes import F16_STEP, TINYBLAS_LANES, WIDE, dot_row, dot_rows4, reduce_lanes, softmax, vec_dot_f16
 
 # ---- One query token (decode) -----------------------------------------------------------------
 
@@ -27,7 +26,8 @@ def _scores_group(k, q16, n_kv, scale, s):
     ggml_vec_dot_f16's lanes. Key rows are converted from f16 once, KEY_BLOCK at a time, for
     all the heads (converting them for each head's dot cost half the kernel); each dot keeps
     its own accumulators and order, so the scores are the same bits (four keys at a time,
-    ``dot_main4``; ``dot_main16`` where WIDE). HD % 32 == 0.
+    ``dot_rows4``: 8 or, WIDE, 16 lanes; with HD % 64 != 0 there, row by row with the leftovers,
+    ``vec_dot_f16``). HD % 32 == 0.
 
     k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32;  s  # (G, >= n_kv) float32
     """
@@ -40,28 +40,16 @@ def _scores_group(k, q16, n_kv, scale, s):
                 store8_2d(load8_2d(k, j0 + i, e), kf, i, e)
         n4 = nb - nb % 4
         for g in range(q16.shape[0]):
-            if WIDE and head_dim % F16_STEP == 0:   # ggml_vec_dot_f16 in 16 lanes, no leftovers
-                for i in range(0, n4, 4):
-                    d0, d1, d2, d3 = dot_main16x4(kf, i, q16, g, head_dim)
-                    s[g, j0 + i], s[g, j0 + i + 1] = d0 * scale, d1 * scale
-                    s[g, j0 + i + 2], s[g, j0 + i + 3] = d2 * scale, d3 * scale
-                for i in range(n4, nb):
-                    s[g, j0 + i] = dot_main16(kf, i, q16, g, head_dim) * scale
-                continue
-            if WIDE:   # steps of 64, the rest (HD % 64) added in double
-                n_main = head_dim - head_dim % F16_STEP
+            if head_dim % F16_STEP:   # leftovers after the last step (WIDE: HD % 64), in double
                 for i in range(nb):
-                    dot = np.float64(dot_main16(kf, i, q16, g, n_main))
-                    for e in range(n_main, head_dim):
-                        dot += kf[i, e] * q16[g, e]
-                    s[g, j0 + i] = np.float32(dot) * scale
+                    s[g, j0 + i] = vec_dot_f16(k, j0 + i, q16, g) * scale
                 continue
             for i in range(0, n4, 4):
-                d0, d1, d2, d3 = dot_main4(kf, i, q16, g, head_dim)
+                d0, d1, d2, d3 = dot_rows4(kf, i, q16, g, head_dim)
                 s[g, j0 + i], s[g, j0 + i + 1] = d0 * scale, d1 * scale
                 s[g, j0 + i + 2], s[g, j0 + i + 3] = d2 * scale, d3 * scale
             for i in range(n4, nb):
-                s[g, j0 + i] = dot_main(kf, i, q16, g, head_dim) * scale
+                s[g, j0 + i] = dot_row(kf, i, q16, g, head_dim) * scale
 
 
 VALUE_BLOCK = 512        # value rows converted to f32 at a time (256 KiB at HD 128: in L2)
@@ -189,76 +177,54 @@ TILE_GROUP = 8      # tiles of one KV head that go over each block of keys and v
 ATTEND_BLOCK = 128  # keys a block (32 KiB of f16 rows at HD 128: in L1 while the tiles pass)
 
 
-@njit(inline="always")
-def _scores_tile(k, q16, j0, j1, scale, s):
-    """s[i, j] = (K[j] . q16[i]) * scale for keys j0 .. j1 and the TILE query vectors of a
-    tile, each dot with tinyBLAS's lanes (dense.py ``_scores_tinyblas``: one 8-lane accumulator,
-    then hsum); each 8 values of key row j are converted once for the tile's 8 dots.
+def _tile_scores(load, fma, zero, hsum, lanes):
+    """The kernel below in registers of ``lanes`` (tinyBLAS's 8, or 16 on __m512), built from
+    that width's intrinsics: one body for both."""
 
-    k  # (C, HD) uint16 f16 bits;  q16  # (TILE, HD) float32;  s  # (TILE, >= j1) float32
-    """
-    head_dim = q16.shape[1]
-    for j in range(j0, j1):
-        a0 = zero8()
-        a1 = zero8()
-        a2 = zero8()
-        a3 = zero8()
-        a4 = zero8()
-        a5 = zero8()
-        a6 = zero8()
-        a7 = zero8()
-        for e in range(0, head_dim, 8):
-            ke = load8_2d(k, j, e)
-            a0 = fma8(ke, load8_2d(q16, 0, e), a0)
-            a1 = fma8(ke, load8_2d(q16, 1, e), a1)
-            a2 = fma8(ke, load8_2d(q16, 2, e), a2)
-            a3 = fma8(ke, load8_2d(q16, 3, e), a3)
-            a4 = fma8(ke, load8_2d(q16, 4, e), a4)
-            a5 = fma8(ke, load8_2d(q16, 5, e), a5)
-            a6 = fma8(ke, load8_2d(q16, 6, e), a6)
-            a7 = fma8(ke, load8_2d(q16, 7, e), a7)
-        s[0, j] = hsum8(a0) * scale
-        s[1, j] = hsum8(a1) * scale
-        s[2, j] = hsum8(a2) * scale
-        s[3, j] = hsum8(a3) * scale
-        s[4, j] = hsum8(a4) * scale
-        s[5, j] = hsum8(a5) * scale
-        s[6, j] = hsum8(a6) * scale
-        s[7, j] = hsum8(a7) * scale
+    @njit(inline="always")
+    def scores_tile(k, q16, j0, j1, scale, s):
+        """s[i, j] = (K[j] . q16[i]) * scale for keys j0 .. j1 and the TILE query vectors of a
+        tile, each dot with tinyBLAS's lanes (dense.py ``_scores_tinyblas``: one accumulator of
+        ``lanes``, then hsum); each ``lanes`` values of key row j are converted once for the
+        tile's 8 dots. HD % lanes == 0.
+
+        k  # (C, HD) uint16 f16 bits;  q16  # (TILE, HD) float32;  s  # (TILE, >= j1) float32
+        """
+        head_dim = q16.shape[1]
+        for j in range(j0, j1):
+            a0 = zero()
+            a1 = zero()
+            a2 = zero()
+            a3 = zero()
+            a4 = zero()
+            a5 = zero()
+            a6 = zero()
+            a7 = zero()
+            for e in range(0, head_dim, lanes):
+                ke = load(k, j, e)
+                a0 = fma(ke, load(q16, 0, e), a0)
+                a1 = fma(ke, load(q16, 1, e), a1)
+                a2 = fma(ke, load(q16, 2, e), a2)
+                a3 = fma(ke, load(q16, 3, e), a3)
+                a4 = fma(ke, load(q16, 4, e), a4)
+                a5 = fma(ke, load(q16, 5, e), a5)
+                a6 = fma(ke, load(q16, 6, e), a6)
+                a7 = fma(ke, load(q16, 7, e), a7)
+            s[0, j] = hsum(a0) * scale
+            s[1, j] = hsum(a1) * scale
+            s[2, j] = hsum(a2) * scale
+            s[3, j] = hsum(a3) * scale
+            s[4, j] = hsum(a4) * scale
+            s[5, j] = hsum(a5) * scale
+            s[6, j] = hsum(a6) * scale
+            s[7, j] = hsum(a7) * scale
+
+    return scores_tile
 
 
-@njit(inline="always")
-def _scores_tile16(k, q16, j0, j1, scale, s):
-    """``_scores_tile`` with tinyBLAS's 16 lanes (WIDE): one 16-lane accumulator a dot, then
-    _mm512_reduce_add_ps (hsum16). HD % 16 == 0."""
-    head_dim = q16.shape[1]
-    for j in range(j0, j1):
-        a0 = zero16()
-        a1 = zero16()
-        a2 = zero16()
-        a3 = zero16()
-        a4 = zero16()
-        a5 = zero16()
-        a6 = zero16()
-        a7 = zero16()
-        for e in range(0, head_dim, 16):
-            ke = load16_2d(k, j, e)
-            a0 = fma16(ke, load16_2d(q16, 0, e), a0)
-            a1 = fma16(ke, load16_2d(q16, 1, e), a1)
-            a2 = fma16(ke, load16_2d(q16, 2, e), a2)
-            a3 = fma16(ke, load16_2d(q16, 3, e), a3)
-            a4 = fma16(ke, load16_2d(q16, 4, e), a4)
-            a5 = fma16(ke, load16_2d(q16, 5, e), a5)
-            a6 = fma16(ke, load16_2d(q16, 6, e), a6)
-            a7 = fma16(ke, load16_2d(q16, 7, e), a7)
-        s[0, j] = hsum16(a0) * scale
-        s[1, j] = hsum16(a1) * scale
-        s[2, j] = hsum16(a2) * scale
-        s[3, j] = hsum16(a3) * scale
-        s[4, j] = hsum16(a4) * scale
-        s[5, j] = hsum16(a5) * scale
-        s[6, j] = hsum16(a6) * scale
-        s[7, j] = hsum16(a7) * scale
+# tinyBLAS's width in a llama.cpp built for this CPU (WIDE: 16 lanes, hsum = _mm512_reduce_add_ps)
+_scores_tile = (_tile_scores(load16_2d, fma16, zero16, hsum16, 16) if WIDE
+                else _tile_scores(load8_2d, fma8, zero8, hsum8, 8))
 
 
 @njit(inline="always")
@@ -345,9 +311,7 @@ def attend_batch(q, k_bits, v_bits, layer, pos0, scale, out):
         for j0 in range(0, n_max, ATTEND_BLOCK):
             for tt in range(n_tg):
                 j1 = min(j0 + ATTEND_BLOCK, _tile_keys(tt, n_vec, first, pos0, group))
-                if j1 > j0 and WIDE:
-                    _scores_tile16(k, q16[tt], j0, j1, scale, s[tt])
-                elif j1 > j0:
+                if j1 > j0:
                     _scores_tile(k, q16[tt], j0, j1, scale, s[tt])
         pt = np.zeros((n_tg, n_max, TILE), dtype=np.float32)        # (tiles, n_max, TILE) probabilities by key
         for i in range(n_vec):

@@ -136,100 +136,77 @@ def reduce_lanes8(acc, out):
 
 
 @njit(inline="always")
-def dot_main(k, j, q16, g, n_main):
-    """ggml_vec_dot_f16's main loop: K[j] . q16[g] over elements 0 .. n_main (a multiple of
-    32) in four 8-lane accumulators over steps of 32, reduced by GGML_F32x8_REDUCE. k's rows
-    are f16 bits, or float32 already converted from them (the same values, so the same sums).
-
-    k  # (C, HD) uint16 or float32;  q16  # (G, HD) float32, already rounded to f16
-    """
-    g0 = zero8()
-    g1 = zero8()
-    g2 = zero8()
-    g3 = zero8()
-    for e in range(0, n_main, 32):
-        g0 = fma8(load8_2d(k, j, e), load8_2d(q16, g, e), g0)
-        g1 = fma8(load8_2d(k, j, e + 8), load8_2d(q16, g, e + 8), g1)
-        g2 = fma8(load8_2d(k, j, e + 16), load8_2d(q16, g, e + 16), g2)
-        g3 = fma8(load8_2d(k, j, e + 24), load8_2d(q16, g, e + 24), g3)
-    return reduce4x8(g0, g1, g2, g3)
-
-
-@njit(inline="always")
-def _fma4(k, j, e, q0, q1, q2, q3, g0, g1, g2, g3):
-    """One step of ``dot_main`` for row j: its four accumulators plus K[j, e:e + 32] * q."""
-    return (fma8(load8_2d(k, j, e), q0, g0), fma8(load8_2d(k, j, e + 8), q1, g1),
-            fma8(load8_2d(k, j, e + 16), q2, g2), fma8(load8_2d(k, j, e + 24), q3, g3))
-
-
-@njit(inline="always")
-def dot_main4(k, j, q16, g, n_main):
-    """``dot_main`` of rows j .. j + 3 at once: the same accumulators and order for each row (the
-    same bits), sixteen chains in flight instead of four, and each step of q loaded once for the
-    four rows (one row at a time waited on its FMAs' latency: 1.3x slower on an AMD EPYC)."""
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero8()
-    c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = zero8()
-    for e in range(0, n_main, 32):
-        q0, q1 = load8_2d(q16, g, e), load8_2d(q16, g, e + 8)
-        q2, q3 = load8_2d(q16, g, e + 16), load8_2d(q16, g, e + 24)
-        a0, a1, a2, a3 = _fma4(k, j, e, q0, q1, q2, q3, a0, a1, a2, a3)
-        b0, b1, b2, b3 = _fma4(k, j + 1, e, q0, q1, q2, q3, b0, b1, b2, b3)
-        c0, c1, c2, c3 = _fma4(k, j + 2, e, q0, q1, q2, q3, c0, c1, c2, c3)
-        d0, d1, d2, d3 = _fma4(k, j + 3, e, q0, q1, q2, q3, d0, d1, d2, d3)
-    return (reduce4x8(a0, a1, a2, a3), reduce4x8(b0, b1, b2, b3), reduce4x8(c0, c1, c2, c3),
-            reduce4x8(d0, d1, d2, d3))
-
-
-@njit(inline="always")
-def dot_main16(k, j, q16, g, n_main):
-    """``dot_main`` in 16-lane registers (WIDE): four accumulators over steps of 64, reduced
-    as GGML_F32Cx16_REDUCE. n_main a multiple of 64."""
-    g0 = zero16()
-    g1 = zero16()
-    g2 = zero16()
-    g3 = zero16()
-    for e in range(0, n_main, 64):
-        g0 = fma16(load16_2d(k, j, e), load16_2d(q16, g, e), g0)
-        g1 = fma16(load16_2d(k, j, e + 16), load16_2d(q16, g, e + 16), g1)
-        g2 = fma16(load16_2d(k, j, e + 32), load16_2d(q16, g, e + 32), g2)
-        g3 = fma16(load16_2d(k, j, e + 48), load16_2d(q16, g, e + 48), g3)
+def reduce4x16(g0, g1, g2, g3):
+    """GGML_F32Cx16_REDUCE of ggml_vec_dot_f16's four 16-lane accumulators: sum0 += sum2,
+    sum1 += sum3, sum0 += sum1, then _mm512_reduce_add_ps."""
     return hsum16(add16(add16(g0, g2), add16(g1, g3)))
 
 
-@njit(inline="always")
-def dot_main16x4(k, j, q16, g, n_main):
-    """``dot_main16`` of rows j .. j + 3 at once (as ``dot_main4``: each row its own four
-    accumulators and order, the same bits; sixteen chains in flight, q loaded once a step)."""
-    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero16()
-    c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = zero16()
-    for e in range(0, n_main, 64):
-        q0, q1 = load16_2d(q16, g, e), load16_2d(q16, g, e + 16)
-        q2, q3 = load16_2d(q16, g, e + 32), load16_2d(q16, g, e + 48)
-        a0, a1 = fma16(load16_2d(k, j, e), q0, a0), fma16(load16_2d(k, j, e + 16), q1, a1)
-        a2, a3 = fma16(load16_2d(k, j, e + 32), q2, a2), fma16(load16_2d(k, j, e + 48), q3, a3)
-        b0, b1 = fma16(load16_2d(k, j + 1, e), q0, b0), fma16(load16_2d(k, j + 1, e + 16), q1, b1)
-        b2, b3 = fma16(load16_2d(k, j + 1, e + 32), q2, b2), fma16(load16_2d(k, j + 1, e + 48), q3, b3)
-        c0, c1 = fma16(load16_2d(k, j + 2, e), q0, c0), fma16(load16_2d(k, j + 2, e + 16), q1, c1)
-        c2, c3 = fma16(load16_2d(k, j + 2, e + 32), q2, c2), fma16(load16_2d(k, j + 2, e + 48), q3, c3)
-        d0, d1 = fma16(load16_2d(k, j + 3, e), q0, d0), fma16(load16_2d(k, j + 3, e + 16), q1, d1)
-        d2, d3 = fma16(load16_2d(k, j + 3, e + 32), q2, d2), fma16(load16_2d(k, j + 3, e + 48), q3, d3)
-    return (hsum16(add16(add16(a0, a2), add16(a1, a3))), hsum16(add16(add16(b0, b2), add16(b1, b3))),
-            hsum16(add16(add16(c0, c2), add16(c1, c3))), hsum16(add16(add16(d0, d2), add16(d1, d3))))
+def _dot_kernels(load, fma, zero, reduce4, lanes):
+    """ggml_vec_dot_f16's main loop in registers of ``lanes`` (one row, and four rows at once),
+    built from that width's intrinsics: the 8-lane and 16-lane kernels are one body."""
+    step = 4 * lanes
+
+    @njit(inline="always")
+    def one_row(k, j, q16, g, n_main):
+        g0 = zero()
+        g1 = zero()
+        g2 = zero()
+        g3 = zero()
+        for e in range(0, n_main, step):
+            g0 = fma(load(k, j, e), load(q16, g, e), g0)
+            g1 = fma(load(k, j, e + lanes), load(q16, g, e + lanes), g1)
+            g2 = fma(load(k, j, e + 2 * lanes), load(q16, g, e + 2 * lanes), g2)
+            g3 = fma(load(k, j, e + 3 * lanes), load(q16, g, e + 3 * lanes), g3)
+        return reduce4(g0, g1, g2, g3)
+
+    @njit(inline="always")
+    def fma4(k, j, e, q0, q1, q2, q3, g0, g1, g2, g3):
+        """One step of row j: its four accumulators plus K[j, e:e + step] * q."""
+        return (fma(load(k, j, e), q0, g0), fma(load(k, j, e + lanes), q1, g1),
+                fma(load(k, j, e + 2 * lanes), q2, g2), fma(load(k, j, e + 3 * lanes), q3, g3))
+
+    @njit(inline="always")
+    def four_rows(k, j, q16, g, n_main):
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zero()
+        c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = zero()
+        for e in range(0, n_main, step):
+            q0, q1 = load(q16, g, e), load(q16, g, e + lanes)
+            q2, q3 = load(q16, g, e + 2 * lanes), load(q16, g, e + 3 * lanes)
+            a0, a1, a2, a3 = fma4(k, j, e, q0, q1, q2, q3, a0, a1, a2, a3)
+            b0, b1, b2, b3 = fma4(k, j + 1, e, q0, q1, q2, q3, b0, b1, b2, b3)
+            c0, c1, c2, c3 = fma4(k, j + 2, e, q0, q1, q2, q3, c0, c1, c2, c3)
+            d0, d1, d2, d3 = fma4(k, j + 3, e, q0, q1, q2, q3, d0, d1, d2, d3)
+        return (reduce4(a0, a1, a2, a3), reduce4(b0, b1, b2, b3), reduce4(c0, c1, c2, c3),
+                reduce4(d0, d1, d2, d3))
+
+    return one_row, four_rows
+
+
+# dot_main: K[j] . q16[g] over elements 0 .. n_main (a multiple of 32) in four 8-lane accumulators
+# over steps of 32, reduced by GGML_F32x8_REDUCE; k's rows are f16 bits, or float32 already
+# converted from them (the same values, so the same sums). k # (C, HD) uint16 or float32;
+# q16 # (G, HD) float32, already rounded to f16. dot_main4: rows j .. j + 3 at once, the same
+# accumulators and order for each row (the same bits), sixteen chains in flight and each step of
+# q loaded once for the four rows (one row at a time waited on its FMAs' latency: 1.3x slower on
+# an AMD EPYC). dot_main16 / dot_main16x4: the same in 16-lane registers (WIDE), steps of 64,
+# reduced as GGML_F32Cx16_REDUCE; n_main a multiple of 64.
+dot_main, dot_main4 = _dot_kernels(load8_2d, fma8, zero8, reduce4x8, 8)
+dot_main16, dot_main16x4 = _dot_kernels(load16_2d, fma16, zero16, reduce4x16, 16)
+# The width a llama.cpp built for this CPU takes (WIDE), for kernels that follow it.
+dot_row, dot_rows4 = (dot_main16, dot_main16x4) if WIDE else (dot_main, dot_main4)
 
 
 @njit(inline="always")
 def vec_dot_f16(k, j, q16, g):
-    """K[j] . q16[g] with ggml_vec_dot_f16's lanes: ``dot_main`` (``dot_main16`` where WIDE),
-    then the leftovers (HD % F16_STEP) added in double.
+    """K[j] . q16[g] with ggml_vec_dot_f16's lanes: ``dot_row`` (``dot_main``, or ``dot_main16``
+    where WIDE), then the leftovers (HD % F16_STEP) added in double.
 
     k  # (C, HD) uint16 f16 bits;  q16  # (G, HD) float32, already rounded to f16
     """
     head_dim = q16.shape[1]
     n_main = head_dim - head_dim % F16_STEP
-    if WIDE:
-        dot = np.float64(dot_main16(k, j, q16, g, n_main))
-    else:
-        dot = np.float64(dot_main(k, j, q16, g, n_main))
+    dot = np.float64(dot_row(k, j, q16, g, n_main))
     for e in range(n_main, head_dim):
         dot += f16_to_f32(k[j, e]) * q16[g, e]
     return np.float32(dot)
