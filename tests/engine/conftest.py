@@ -68,15 +68,6 @@ def llamacpp_built_for_this_cpu(llama_cpp) -> bool:
             and (WIDE or "AVX2 = 1" in info))
 
 
-def llamacpp_takes_the_avx2_kernels(llama_cpp) -> bool:
-    """Whether this llama.cpp build multiplies through the AVX2 kernels whose Q5_0/Q8_0 batch
-    products eLLM reproduces bit for bit. A build with AVX-512 or AMX takes other kernels for
-    those batches, whose float sums come in another order: logits then agree to float rounding,
-    not to the bit (K-quant models: ``llamacpp_built_for_this_cpu``)."""
-    info = llama_cpp.llama_print_system_info().decode()
-    return "AVX512 = 1" not in info and "AMX_INT8 = 1" not in info
-
-
 def llama_greedy_gaps(llama_cpp, path: Path, prompt: str | list[int], n: int
                       ) -> tuple[list[int], list[int], list[float]]:
     """(the prompt's ids, llama.cpp's n greedy tokens after it, the gap between its two best

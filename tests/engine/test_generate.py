@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from app.engine.attention.ggml_lanes import WIDE
 from app.engine.backend import SamplingParams, stream_text
 from app.engine.generate import decode_one_token, generate_tokens, prefill
 from app.engine.llamacpp_backend import open_llama
 from app.engine.model.transformer import Model
+from app.engine.ops.amx import HAS_AMX
 from app.engine.sampling import Sampler
-from tests.engine.conftest import (agreed_until_a_tie, llama_greedy_gaps, llama_logits, llamacpp_built_for_this_cpu,
-                                   llamacpp_takes_the_avx2_kernels)
+from tests.engine.conftest import agreed_until_a_tie, llama_greedy_gaps, llama_logits, llamacpp_built_for_this_cpu
 
 PROMPT = [5, 977, 12, 1500, 44, 300, 2001, 87, 640, 19, 1024, 256]
 
@@ -118,8 +117,11 @@ def test_greedy_continuation_matches_llamacpp(backend, reference, qmatrix_matche
     """48 greedy tokens, identical to llama.cpp's. Everything outside the matmuls is bit-exact
     (test_model.py::test_bit_exact_with_llamacpp_matmul); whether the whole model is depends
     on QMatrix adding its products in llama.cpp's order, since a last-bit difference can flip
-    an 8-bit activation rounding and, 30 layers later, a near-tie between two tokens."""
-    if not qmatrix_matches_llamacpp_bitwise:
+    an 8-bit activation rounding and, 30 layers later, a near-tie between two tokens: it does
+    against an AVX2 build on a CPU without AVX-512, and against a llama.cpp built for this CPU
+    (attention and exp in its lanes, the prompt's batch in legacy_batch.py)."""
+    import llama_cpp
+    if not (qmatrix_matches_llamacpp_bitwise or llamacpp_built_for_this_cpu(llama_cpp)):
         request.applymarker(pytest.mark.xfail(
             reason="QMatrix sums its products in another order than llama.cpp, so greedy tokens can "
                    "diverge at near-ties (with a lane-exact matmul all five prompts match)", strict=False))
@@ -170,11 +172,13 @@ QWEN05 = Path.home() / ".cache" / "ellm-models" / "qwen05.gguf"
 def test_qwen05_with_q5_0_and_q8_0_weights_follows_llamacpp(llama_cpp):
     """The real Qwen2.5-Coder-0.5B Q4_K_M file (Q5_0, Q8_0, Q4_K, Q6_K weights; skipped where
     it is not downloaded) loads in eLLM's engine and its greedy tokens follow llama.cpp's.
-    Q5_0 and Q8_0 products are bit-identical, Q4_K / Q6_K only up to the order of float
-    additions (and against a llama.cpp built with AVX-512 or AMX, to float rounding), so a
-    near-tie could part them: measured on an AVX2 build, 32 of 32 tokens agree on this prompt
-    (on 4 prompts, 3 agree for 32 tokens and one parts at token 21, at a llama.cpp top-2 margin
-    of 0.14 logits). Where they part, llama.cpp's two best logits must be a tie."""
+    Against a llama.cpp built for this CPU every product and sum is its own, the prompt's
+    Q5_0/Q8_0 batch included (quant/legacy_batch.py), so the logits are its logits to the bit
+    and all 16 tokens agree; against another build (or with AMX) the K-quants agree up to the
+    order of float additions, so a near-tie could part them: measured on an AVX2 build, 32 of
+    32 tokens agree on this prompt (on 4 prompts, 3 agree for 32 tokens and one parts at token
+    21, at a llama.cpp top-2 margin of 0.14 logits). Where they part, llama.cpp's two best
+    logits must be a tie."""
     if not QWEN05.exists():
         pytest.skip(f"{QWEN05} is not downloaded")
     from app.engine.ellm_backend import EllmBackend
@@ -190,8 +194,11 @@ def test_qwen05_with_q5_0_and_q8_0_weights_follows_llamacpp(llama_cpp):
         _, ref, gaps = llama_greedy_gaps(llama_cpp, QWEN05, prompt, 16)
         agreed = agreed_until_a_tie(ours, ref, gaps)
         assert agreed >= 2 and "Paris" in backend.detokenize(ours[:agreed])
-        if llamacpp_takes_the_avx2_kernels(llama_cpp) and not WIDE:   # eLLM sums attention in 16 lanes where WIDE
+        if llamacpp_built_for_this_cpu(llama_cpp) and not HAS_AMX:
             assert agreed == 16
+            ref_prompt, _ = llama_logits(llama_cpp, QWEN05, prompt, [], n_ctx=256)
+            cache = backend.model.new_cache(64)
+            np.testing.assert_array_equal(prefill(backend.model, cache, prompt, all_logits=True), ref_prompt)
     finally:
         backend.close()
 

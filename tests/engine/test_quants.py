@@ -423,6 +423,30 @@ def test_matvec_agrees_with_matmul_row_by_row(case):
         assert np.array_equal(v, y[k])
 
 
+@pytest.mark.parametrize("qtype", LANE_EXACT, ids=lambda t: t.name)
+def test_block_format_batches_keep_each_tokens_numbers(qtype):
+    """From LEGACY_BATCH_MIN tokens the 32-element block formats take legacy_batch.py (each
+    row group unpacked once, tokens in fours, the lane sums by float FMAs or by VNNI): every
+    token's outputs must be its one-token kernel's to the bit, in both forms (VNNI's emulated
+    where the CPU lacks it), in the tiles of four, in the single tokens after them and in the
+    last, narrower row group; also for a token of zeros and at the extremes of the 8-bit
+    activations, where a lane's sum would lose bits in float32 were it not exact."""
+    from app.engine.quant import legacy_batch
+    from app.engine.quant.qmatrix import LEGACY_BATCH_MIN
+    rng = np.random.default_rng(int(qtype))
+    m = QMatrix.from_array(make_raw(qtype, N_OUT, N_IN), qtype)
+    x = make_acts(LEGACY_BATCH_MIN + 7, N_IN, seed=13)        # tiles of 4, then 3 single tokens
+    x[2] = 0.0                                              # d_x = 0: a token of zeros
+    x[3, ::32] = 1e4                                        # every block's largest |q| is 127
+    x[5] = np.where(rng.random(N_IN) < 0.5, -1.0, 1.0) * 1e-3   # all |q| == 127
+    one_by_one = np.stack([m.matvec(row) for row in x])
+    np.testing.assert_array_equal(m.matmul(x), one_by_one)
+    for vnni in (False, True):
+        out = np.empty((x.shape[0], N_OUT), F32)
+        legacy_batch.matmul_legacy_batch(*m._batch_args, vnni, N_OUT, 2, x, out)
+        np.testing.assert_array_equal(out, one_by_one, err_msg=f"vnni={vnni}")
+
+
 def test_k_quant_batches_take_llamacpps_chains():
     """On AVX2, Q4_K multiplies a batch as llama.cpp's repacked kernels do: tokens in fours
     through ggml_gemm_q4_K_8x8_q8_K (a float sum per 64 elements), the last n % 4 through

@@ -333,6 +333,23 @@ def _q8_group(qs_g, dw, r0, n_valid, xq, dx, p, acc, out):
                                     acc[4, i], acc[5, i], acc[6, i], acc[7, i])
 
 
+@njit(nogil=True, cache=True, inline="always")
+def group_planes(qs, qh, d, m, per_block, has_qh, has_min, nb, r0, w):
+    """(qs, qh, d, m) of the row group at r0 (w rows), a narrow last group widened to GROUP
+    rows (pad_group); qh and m come back as given where the format has none. per_block: the
+    bytes of qs a block and row (16 for Q4/Q5, 32 for Q8_0)."""
+    qs_g = qs[r0 * nb * per_block:(r0 + w) * nb * per_block]
+    qh_g = qh[r0 * nb * 4:(r0 + w) * nb * 4] if has_qh else qh
+    d_g = d[r0 * nb:(r0 + w) * nb]
+    m_g = m[r0 * nb:(r0 + w) * nb] if has_min else m
+    if w < GROUP:
+        qs_g = pad_group(qs_g, nb * per_block, w)
+        qh_g = pad_group(qh_g, nb * 4, w) if has_qh else qh
+        d_g = pad_group(d_g, nb, w)
+        m_g = pad_group(m_g, nb, w) if has_min else m
+    return qs_g, qh_g, d_g, m_g
+
+
 # ---- matmul: out (n_tok, n_out) = x (n_tok, n_in) @ W.T
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -370,15 +387,7 @@ def matmul_nibbles(qs, qh, d, m, kind, plain, n_out, n_chunks, x, out):
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
         for g in range(g0, g1):
             r0, w = group_span(g, n_out)
-            qs_g = qs[r0 * nb * 16:(r0 + w) * nb * 16]
-            qh_g = qh[r0 * nb * 4:(r0 + w) * nb * 4] if has_qh else qh
-            d_g = d[r0 * nb:(r0 + w) * nb]
-            m_g = m[r0 * nb:(r0 + w) * nb] if has_min else m
-            if w < GROUP:
-                qs_g = pad_group(qs_g, nb * 16, w)
-                qh_g = pad_group(qh_g, nb * 4, w) if has_qh else qh
-                d_g = pad_group(d_g, nb, w)
-                m_g = pad_group(m_g, nb, w) if has_min else m
+            qs_g, qh_g, d_g, m_g = group_planes(qs, qh, d, m, 16, has_qh, has_min, nb, r0, w)
             decode_f16_plane(d_g, dw, plain)
             if has_min:
                 decode_f16_plane(m_g, mw, plain)

@@ -12,7 +12,7 @@ without copying it to f32:
 At construction the blocks are repacked once into the row-group planes of
 ``quant/layout.py`` (same number of bytes as the GGUF tensor; see that module for why), and
 every product runs in the multi-threaded numba kernels of ``quant/legacy.py`` (Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0), ``quant/kquants.py`` (Q4_K, Q5_K, Q6_K; on AVX2 machines Q4_K and Q6_K take
+Q5_1, Q8_0; their batches of LEGACY_BATCH_MIN tokens or more in ``quant/legacy_batch.py``), ``quant/kquants.py`` (Q4_K, Q5_K, Q6_K; on AVX2 machines Q4_K and Q6_K take
 ``quant/kquants_avx2.py`` instead: Q4_K in groups of 8 rows, Q6_K read from the file's own
 blocks, both bit-identical to llama.cpp's x86 kernels), ``quant/kquants_low.py`` (Q2_K, Q3_K), ``quant/iquants.py``
 (IQ4_NL, IQ4_XS) and ``quant/floats.py`` (F32, F16, BF16). The activations are
@@ -39,13 +39,16 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from gguf.gguf_reader import ReaderTensor
 
 from ..ops.f16 import f16_plane_is_plain
-from . import floats, iquants, kquants, kquants_avx2, kquants_low, legacy, q4k_x8
+from . import floats, iquants, kquants, kquants_avx2, kquants_low, legacy, legacy_batch, q4k_x8
 from ..model.support import WEIGHT_TYPES
 from ..ops.amx import HAS_AMX
 from ..ops.simd_int import HAS_AVX2, HAS_VNNI
 from .layout import GROUP, num_threads
 
 Q = GGMLQuantizationType
+# From this many tokens the 32-element block formats unpack each row group once for the
+# batch (legacy_batch.py): at 4 tokens as fast as legacy.py's per-token kernels, 2.5x at 16.
+LEGACY_BATCH_MIN = 4
 
 SUPPORTED = tuple(sorted((Q[name] for name in WEIGHT_TYPES), key=int))   # model/support.py
 
@@ -102,7 +105,20 @@ class QMatrix:
         # f16 scales (F16: the weights) that are all zeros or normal numbers convert faster
         self.plain_scales = f16_plane_is_plain(*(self.planes[k] for k in _F16_PLANES.get(qtype, ())))
         self._rows_kernel, self._rows_args, self._mm_kernel, self._mm_args = self._bind_kernels()
+        self._batch_args = self._bind_batch()  # legacy_batch.matmul_legacy_batch's, or None
         self._n_groups = -(-n_out // GROUP)  # the kernels run one chunk of groups per thread
+
+    def _bind_batch(self):
+        """The leading arguments of legacy_batch.matmul_legacy_batch for the 32-element block
+        formats (their batches of LEGACY_BATCH_MIN tokens or more go there), else None."""
+        p, qt = self.planes, self.qtype
+        if qt == Q.Q8_0:
+            unpack = legacy_batch.UNPACK_Q8_0
+        elif qt in _NIBBLE_KIND:
+            unpack = _NIBBLE_KIND[qt]
+        else:
+            return None
+        return p["qs"], p.get("qh", _NO_BYTES), p["d"], p.get("m", _NO_U16), unpack, self.plain_scales
 
     def _bind_kernels(self):
         """(rows kernel, its leading arguments, matmul kernel, its leading arguments), chosen
@@ -181,8 +197,10 @@ class QMatrix:
         """The integer kernels multiply long prefill chunks as fast as dequantizing to
         float32 for BLAS (quant/blas.py) does, so they keep llama.cpp's numbers there too:
         AVX2's Q4_K and Q6_K (measured on Qwen2.5-1.5B, 256-token chunks: ~35 tokens/s
-        either way on 2 cores)."""
-        return self.qtype in _AVX2_K
+        either way on 2 cores), and the 32-element block formats through legacy_batch.py
+        (with VNNI about sgemm's time at 512 tokens or less, 1.3-1.5x without; faster below
+        ~64 tokens)."""
+        return self.qtype in _AVX2_K or self._batch_args is not None
 
     @property
     def reads_the_file(self) -> bool:
@@ -241,6 +259,11 @@ class QMatrix:
         n_out = self.shape[0]
         out = np.empty((x.shape[0], n_out), np.float32)  # (n_tok, n_out) float32
         if x.shape[0] == 0:
+            return out
+        if x.shape[0] >= LEGACY_BATCH_MIN and self._batch_args is not None:
+            vnni = HAS_VNNI and x.shape[0] >= legacy_batch.VNNI_MIN_TOKENS
+            legacy_batch.matmul_legacy_batch(*self._batch_args, vnni, self.shape[0], min(self._n_groups, num_threads()),
+                                             x, out)
             return out
         self._mm_kernel(*self._mm_args, min(self._n_groups, num_threads()), x, out)
         return out
