@@ -55,11 +55,12 @@ TIE = 0.1   # logits this close are a tie: a last-bit difference anywhere before
 
 
 def llamacpp_built_for_this_cpu(llama_cpp) -> bool:
-    """Whether this llama.cpp sums where eLLM's K-quant models sum as it does on this CPU: its
-    f16 attention and softmax in the lanes of attention/ggml_lanes.py (``WIDE``: 16 where the CPU
-    has AVX-512) and its exp in the form of ops/expf.py (``AVX512_EXPF``) -- a build with AVX-512
-    exactly where the CPU has it, as pip builds it there -- and no AMX (whose batch kernels sum
-    in another order)."""
+    """Whether this llama.cpp sums as eLLM sums on this CPU: its f16 attention and softmax in
+    the lanes of attention/ggml_lanes.py (``WIDE``: 16 where the CPU has AVX-512) and its exp in
+    the form of ops/expf.py (``AVX512_EXPF``) -- a build with AVX-512 exactly where the CPU has
+    it, as pip builds it there -- and no AMX (whose batch kernels sum in another order). Then
+    the K-quants (kquants_avx2.py) and Q4_1/Q5_0/Q5_1/Q8_0 (legacy.py, legacy_batch.py) give its
+    numbers too; Q4_0, which llama.cpp repacks into 8-row groups, only to float rounding."""
     from app.engine.attention.ggml_lanes import WIDE
     from app.engine.ops.expf import AVX512_EXPF
 

@@ -162,14 +162,13 @@ def test_gelu_table_is_ggml_tanh_gelu_in_f16():
     assert np.all(out / 2 == out.astype(np.float16).astype(np.float32) / 2)
 
 
-def test_gelu_table_is_llamacpps_own_table():
+def test_gelu_table_is_llamacpps_own_table(llama_cpp):
     """Every entry looked up (|x| < 10) equals ggml-cpu's ggml_table_gelu_f16 as the installed
     llama.cpp builds it (numpy's float32 tanh differed in 234 entries)."""
     import ctypes
     import os
 
     from app.engine.ops.norms import gelu_f16_table
-    llama_cpp = pytest.importorskip("llama_cpp")
     try:
         cpu = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so"),
                           mode=ctypes.RTLD_GLOBAL)

@@ -113,14 +113,14 @@ PROMPTS = {
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
-def test_greedy_continuation_matches_llamacpp(backend, reference, qmatrix_matches_llamacpp_bitwise, request, name):
+def test_greedy_continuation_matches_llamacpp(backend, reference, qmatrix_matches_llamacpp_bitwise, llama_cpp, request,
+                                               name):
     """48 greedy tokens, identical to llama.cpp's. Everything outside the matmuls is bit-exact
     (test_model.py::test_bit_exact_with_llamacpp_matmul); whether the whole model is depends
     on QMatrix adding its products in llama.cpp's order, since a last-bit difference can flip
     an 8-bit activation rounding and, 30 layers later, a near-tie between two tokens: it does
     against an AVX2 build on a CPU without AVX-512, and against a llama.cpp built for this CPU
     (attention and exp in its lanes, the prompt's batch in legacy_batch.py)."""
-    import llama_cpp
     if not (qmatrix_matches_llamacpp_bitwise or llamacpp_built_for_this_cpu(llama_cpp)):
         request.applymarker(pytest.mark.xfail(
             reason="QMatrix sums its products in another order than llama.cpp, so greedy tokens can "

@@ -423,28 +423,44 @@ def test_matvec_agrees_with_matmul_row_by_row(case):
         assert np.array_equal(v, y[k])
 
 
+BLOCK_BYTES = {Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34}
+
+
 @pytest.mark.parametrize("qtype", LANE_EXACT, ids=lambda t: t.name)
 def test_block_format_batches_keep_each_tokens_numbers(qtype):
     """From LEGACY_BATCH_MIN tokens the 32-element block formats take legacy_batch.py (each
     row group unpacked once, tokens in fours, the lane sums by float FMAs or by VNNI): every
     token's outputs must be its one-token kernel's to the bit, in both forms (VNNI's emulated
     where the CPU lacks it), in the tiles of four, in the single tokens after them and in the
-    last, narrower row group; also for a token of zeros and at the extremes of the 8-bit
-    activations, where a lane's sum would lose bits in float32 were it not exact."""
+    last, narrower row group; for a token of zeros, for tokens whose every 8-bit activation is
+    +-127, and for weights gguf's quantizer never writes: Q8_0 quants of -128 (VNNI's byte
+    offset), subnormal, zero and inf scales (the general f16 conversion)."""
     from app.engine.quant import legacy_batch
     from app.engine.quant.qmatrix import LEGACY_BATCH_MIN
     rng = np.random.default_rng(int(qtype))
-    m = QMatrix.from_array(make_raw(qtype, N_OUT, N_IN), qtype)
-    x = make_acts(LEGACY_BATCH_MIN + 7, N_IN, seed=13)        # tiles of 4, then 3 single tokens
+    raw = make_raw(qtype, N_OUT, N_IN).copy()
+    blocks = raw.reshape(N_OUT, -1, BLOCK_BYTES[qtype])                  # (N_OUT, nb, bytes) uint8 view
+    blocks[3, 1, 0:2] = [0x05, 0x00]                                    # d = 5 * 2**-24, subnormal
+    blocks[17, 0, 0:2] = [0x00, 0x00]                                   # d = 0
+    blocks[196, 2, 0:2] = [0x00, 0x7C]                                  # d = inf (the narrow group)
+    if qtype == Q.Q8_0:
+        blocks[5:9, :, 2:34] = 0x80                                     # every quant -128
+    m = QMatrix.from_array(raw, qtype)
+    assert not m.plain_scales
+    x = make_acts(LEGACY_BATCH_MIN + 7, N_IN, seed=13)        # (11, N_IN): tiles of 4, then 3 single tokens
     x[2] = 0.0                                              # d_x = 0: a token of zeros
     x[3, ::32] = 1e4                                        # every block's largest |q| is 127
     x[5] = np.where(rng.random(N_IN) < 0.5, -1.0, 1.0) * 1e-3   # all |q| == 127
-    one_by_one = np.stack([m.matvec(row) for row in x])
-    np.testing.assert_array_equal(m.matmul(x), one_by_one)
-    for vnni in (False, True):
-        out = np.empty((x.shape[0], N_OUT), F32)
-        legacy_batch.matmul_legacy_batch(*m._batch_args, vnni, N_OUT, 2, x, out)
-        np.testing.assert_array_equal(out, one_by_one, err_msg=f"vnni={vnni}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        one_by_one = np.stack([m.matvec(row) for row in x])        # (11, N_OUT) float32
+        assert np.isnan(one_by_one[:, 196]).any() and np.isfinite(one_by_one[:, :196]).all()
+        outs = {"matmul": m.matmul(x)}                             # (11, N_OUT) float32 each
+        for vnni in (False, True):
+            outs[f"vnni={vnni}"] = np.empty((x.shape[0], N_OUT), F32)
+            legacy_batch.matmul_legacy_batch(*m._batch_args, vnni, N_OUT, 2, x, outs[f"vnni={vnni}"])
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out, one_by_one, err_msg=name)
+        assert np.array_equal(out[:, :196].view(np.uint32), one_by_one[:, :196].view(np.uint32)), name
 
 
 def test_k_quant_batches_take_llamacpps_chains():

@@ -68,11 +68,13 @@ def gelu_f16_table() -> np.ndarray:
     0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), in f32).
 
     As the C compiles: GCC contracts ``1.0f + GELU_COEF_A*x*x`` into one FMA (ggml-cpu is built
-    with FMA), and tanhf is glibc's. So the FMA is a float64 multiply-add (the product of two
-    float32 is exact in float64) and tanh is float64's rounded to float32, which gives ggml's
-    table entry for entry (tests/engine/test_architectures.py reads it from llama.cpp); numpy's float32 tanh and two roundings gave 234 of the 30,000
-    entries under |x| < 10 one f16 step away, which moved Gemma 3's prompt logits by up to 1.3
-    (its text parted from llama.cpp's on 2 of 9 prompts)."""
+    with FMA), and tanhf is glibc's. Here the FMA is a float64 multiply-add rounded to float32
+    (the product of two float32 is exact in float64; the two roundings of the sum never differ
+    from the FMA's one on these inputs) and tanh is float64's rounded to float32: ggml's table
+    entry for entry (tests/engine/test_architectures.py reads it from llama.cpp). numpy's
+    float32 tanh without the FMA gave 234 of the 30,000 entries under |x| < 10 one f16 step
+    away, which moved Gemma 3's prompt logits by up to 1.3 (its text parted from llama.cpp's on
+    2 of 9 prompts)."""
     f32, f64 = np.float32, np.float64
     x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)   # (65536,)
     with np.errstate(all="ignore"):   # the NaN and inf patterns are never looked up (|x| < 10 only)

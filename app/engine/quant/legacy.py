@@ -419,10 +419,6 @@ def matmul_q8_0(qs, d, plain, n_out, n_chunks, x, out):
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
         for g in range(g0, g1):
             r0, w = group_span(g, n_out)
-            qs_g = qs[r0 * nb * QK:(r0 + w) * nb * QK]
-            d_g = d[r0 * nb:(r0 + w) * nb]
-            if w < GROUP:
-                qs_g = pad_group(qs_g, nb * QK, w)
-                d_g = pad_group(d_g, nb, w)
+            qs_g, _, d_g, _ = group_planes(qs, qs, d, d, QK, False, False, nb, r0, w)
             decode_f16_plane(d_g, dw, plain)
             _q8_group(qs_g, dw, r0, w, xq, dx, p, acc, out)

@@ -1,5 +1,5 @@
 """Batches of tokens through the 32-element block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) with
-llama.cpp's numbers, at the speed of a float32 sgemm or better.
+llama.cpp's numbers, faster than a float32 sgemm where the CPU has VNNI.
 
 Why: llama.cpp multiplies a prompt's batch by these formats with its integer dot products
 (8-bit activations, ggml_vec_dot_*_q8_0 / tinyBLAS_Q0, the same lanes and order), so a
@@ -46,6 +46,7 @@ from .legacy import group_planes
 
 QK = 32
 TOKENS = 4  # tokens per pass over a group's weights: 8 accumulators + 8 weight vectors in registers
+LANES = 8 * GROUP  # one token's lane sums in the lanes scratch: 8 lanes of GROUP rows
 # From this many tokens VNNI's form is the faster (its second unpacking costs more than it saves
 # in a short batch): Gemma 3's 2048x640 Q5_0 at 16 tokens 0.79 ms against 0.74, at 64 1.45
 # against 1.70, at 512 7.0 against 11.8 (sgemm 8.3)
@@ -138,10 +139,10 @@ def _block_lane(vnni, wf, wb, xf, xb, off, da, db, dx, k, b, l, acc_a, acc_b):
 
 @njit(nogil=True, cache=True, inline="always")
 def _lane(vnni, wf, wb, dw, nb, xf, xb, off, dx, k, n, l, lanes):
-    """lanes[t*128 + l*16 + i] = lane l of row i for token k + t (t < n; n is 4 or 1).
+    """lanes[t*LANES + l*GROUP + i] = lane l of row i for token k + t (t < n; n is 4 or 1).
 
     dw     # (nb * GROUP,) float32 d_w;  dx  # (n_tok, nb) float32 d_x
-    lanes  # (TOKENS * 8 * GROUP,) float32 out
+    lanes  # (TOKENS * LANES,) float32 out
     """
     a0a = zero8()
     a0b = zero8()
@@ -163,34 +164,38 @@ def _lane(vnni, wf, wb, dw, nb, xf, xb, off, dx, k, n, l, lanes):
     store8(a0a, lanes, o)
     store8(a0b, lanes, o + 8)
     if n == TOKENS:
-        store8(a1a, lanes, 128 + o)
-        store8(a1b, lanes, 136 + o)
-        store8(a2a, lanes, 256 + o)
-        store8(a2b, lanes, 264 + o)
-        store8(a3a, lanes, 384 + o)
-        store8(a3b, lanes, 392 + o)
+        store8(a1a, lanes, LANES + o)
+        store8(a1b, lanes, LANES + o + 8)
+        store8(a2a, lanes, 2 * LANES + o)
+        store8(a2b, lanes, 2 * LANES + o + 8)
+        store8(a3a, lanes, 3 * LANES + o)
+        store8(a3b, lanes, 3 * LANES + o + 8)
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _finish(lanes, t, summs, k, r0, w, out):
-    """out[k, r0:r0 + w] = hsum_float_8 of token t's 8 lanes (ops/simd.hsum8's order) +
-    summs[k*16 + i] (zeros but for Q4_1 / Q5_1)."""
+def _finish(lanes, t, has_min, summs, k, r0, w, tmp, out):
+    """out[k, r0:r0 + w] = hsum_float_8 of token t's 8 lanes (ops/simd.hsum8's order), then
+    + summs[k*GROUP + i] for Q4_1 / Q5_1 (only there: adding +0 would turn a -0 into +0).
+    tmp  # (8,) float32 scratch for a narrow group"""
     for h in range(2):
-        o = t * 128 + 8 * h
-        v = add8(add8(add8(load8(lanes, o), load8(lanes, o + 64)), add8(load8(lanes, o + 32), load8(lanes, o + 96))),
-                 add8(add8(load8(lanes, o + 16), load8(lanes, o + 80)), add8(load8(lanes, o + 48), load8(lanes, o + 112))))
-        v = add8(v, load8(summs, k * GROUP + 8 * h))
+        o = t * LANES + 8 * h
+        g = GROUP
+        v = add8(add8(add8(load8(lanes, o), load8(lanes, o + 4 * g)),
+                      add8(load8(lanes, o + 2 * g), load8(lanes, o + 6 * g))),
+                 add8(add8(load8(lanes, o + g), load8(lanes, o + 5 * g)),
+                      add8(load8(lanes, o + 3 * g), load8(lanes, o + 7 * g))))
+        if has_min:
+            v = add8(v, load8(summs, k * GROUP + 8 * h))
         if w == GROUP:
             store8_2d(v, out, k, r0 + 8 * h)
         else:
-            tmp = np.empty(8, np.float32)
             store8(v, tmp, 0)
             for i in range(8 * h, min(w, 8 * h + 8)):
                 out[k, r0 + i] = tmp[i - 8 * h]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, summs, r0, w, lanes, out):
+def _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, has_min, summs, r0, w, lanes, tmp, out):
     """Every token against one unpacked row group: out[:, r0:r0 + w]."""
     n_tok, n_in = xf.shape
     k = 0
@@ -199,7 +204,7 @@ def _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, summs, r0, w, lanes, ou
         for l in range(8):
             _lane(vnni, wf, wb, dw, nb, xf, xb, off, dx, k, n, l, lanes)
         for t in range(n):
-            _finish(lanes, t, summs, k + t, r0, w, out)
+            _finish(lanes, t, has_min, summs, k + t, r0, w, tmp, out)
         k += n
 
 
@@ -249,7 +254,8 @@ def matmul_legacy_batch(qs, qh, d, m, unpack, plain, vnni, n_out, n_chunks, x, o
         wb = np.empty(nb * QK * GROUP, np.uint8)           # (nb, 8, GROUP, 4) uint8 (VNNI)
         dw = np.empty(nb * GROUP, np.float32)              # (nb, GROUP) float32
         mw = np.empty(nb * GROUP, np.float32)              # (nb, GROUP) float32
-        lanes = np.empty(TOKENS * 8 * GROUP, np.float32)   # (TOKENS, 8, GROUP) float32
+        lanes = np.empty(TOKENS * LANES, np.float32)       # (TOKENS, 8, GROUP) float32
+        tmp = np.empty(8, np.float32)                      # (8,) float32
         summs = np.zeros(n_tok * GROUP, np.float32)        # (n_tok, GROUP) float32
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
         for g in range(g0, g1):
@@ -273,4 +279,4 @@ def matmul_legacy_batch(qs, qh, d, m, unpack, plain, vnni, n_out, n_chunks, x, o
                     store8(sb, summs, k * GROUP + 8)
             if vnni:
                 _unpack_bytes(wf, nb, bias, wb)
-            _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, summs, r0, w, lanes, out)
+            _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, has_min, summs, r0, w, lanes, tmp, out)

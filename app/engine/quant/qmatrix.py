@@ -197,10 +197,10 @@ class QMatrix:
         """The integer kernels multiply long prefill chunks as fast as dequantizing to
         float32 for BLAS (quant/blas.py) does, so they keep llama.cpp's numbers there too:
         AVX2's Q4_K and Q6_K (measured on Qwen2.5-1.5B, 256-token chunks: ~35 tokens/s
-        either way on 2 cores), and the 32-element block formats through legacy_batch.py
-        (with VNNI about sgemm's time at 512 tokens or less, 1.3-1.5x without; faster below
-        ~64 tokens)."""
-        return self.qtype in _AVX2_K or self._batch_args is not None
+        either way on 2 cores), and the 32-element block formats where the CPU has VNNI
+        (legacy_batch.py: faster than sgemm at 512 tokens; without VNNI 1.3-1.5x its time,
+        so there long chunks keep sgemm)."""
+        return self.qtype in _AVX2_K or (self._batch_args is not None and HAS_VNNI)
 
     @property
     def reads_the_file(self) -> bool:
