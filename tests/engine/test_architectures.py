@@ -191,27 +191,30 @@ def test_the_header_check_takes_qwen3_and_gemma3_and_refuses_others(tiny_model):
     assert "architecture 'phi3'" in why_not(scan_gguf(tiny_model("phi3")))
 
 
-# Measured on gemma-3-270m Q4_K_M, 16 greedy tokens, eLLM against llama.cpp (both prefill the
-# prompt in one batch): the same on "The three primary colors are", "Water boils at a temperature
-# of", "My favorite food is"; apart after 7-14 tokens on "The capital of France is", "Once upon a
-# time, there was a little girl who", "The sun rises in the", "In 1492, Christopher Columbus",
-# "A dog is a", each time where two tokens are within a few tenths of a logit. llama.cpp is no
-# steadier against itself: prefilling token by token instead of in one batch, its own greedy
-# text parts after 11, 5 and 7 tokens on three of the eight, and its logits move by 2-4 % of the
-# largest (the same spread as ours against it; the first position agrees bit for bit).
-AGREEING_PROMPTS = ["The three primary colors are", "Water boils at a temperature of", "My favorite food is"]
+# Measured on gemma-3-270m Q4_K_M, 16 greedy tokens, eLLM against an AVX2 llama.cpp (both prefill
+# the prompt in one batch): the same on "The three primary colors are", "Water boils at a temperature
+# of", "My favorite food is"; apart after 7-14 tokens on five other short prompts, each time where two
+# tokens were within a few tenths of a logit. (The spread of 2-4 % of the largest logit behind those
+# partings was eLLM's GeGLU table, since made ggml's: ops/norms.gelu_f16_table.) llama.cpp is no
+# steadier against itself: prefilling token by token instead of in one batch, its own greedy text
+# parts after 11, 5 and 7 tokens on three of the eight.
+AGREEING_PROMPTS = ["The three primary colors are", "Water boils at a temperature of", "My favorite food is",
+                    "Once upon a time, there was a little girl who", "The capital of France is"]
 # Where the texts part, llama.cpp's own two best logits must be a tie (TIE); ours may order the two
-# by up to twice that, Gemma 3's logits spreading between the engines as they do above: on an AMD
-# EPYC (AVX-512, no AMX) "My favorite food is" parted at token 13, llama.cpp's gap 0.093, ours 0.134.
+# by up to twice that: on an AMD EPYC (AVX-512, no AMX), before the table was mended, "My favorite
+# food is" parted at token 13, llama.cpp's gap 0.093, ours 0.134.
 OUR_TIE = 2 * TIE
 
 
 @pytest.mark.parametrize("prompt", AGREEING_PROMPTS)
 def test_real_gemma3_greedy_text_matches_llamacpp(gemma3, llama_cpp, prompt):
-    """Our greedy tokens are llama.cpp's until the end or until a tie: where they part, both
-    engines' two candidates are near each other (llama-cpp-python 0.3.36 with AVX-512 and
-    AMX parts from us on "Water boils at ..." at token 8, between two tokens 0.015 apart in our
+    """Our greedy tokens are llama.cpp's: all 16 where llama.cpp is built for this CPU (the
+    logits are then its logits to the bit), else until the end or until a tie, where both
+    engines' two candidates are near each other (llama-cpp-python 0.3.36 with AVX-512 and AMX
+    parted from us on "Water boils at ..." at token 8, between two tokens 0.015 apart in our
     logits)."""
+    from app.engine.ops.amx import HAS_AMX
+
     ids, ref, gaps = llama_greedy_gaps(llama_cpp, gemma3, prompt, 16)
     model = Model(gemma3)
     cache = model.new_cache(256)
@@ -225,6 +228,8 @@ def test_real_gemma3_greedy_text_matches_llamacpp(gemma3, llama_cpp, prompt):
         agreed += 1
         logits = decode_one_token(model, cache, token)
     assert agreed >= 4
+    if llamacpp_built_for_this_cpu(llama_cpp) and not HAS_AMX:
+        assert agreed == len(ref)
 
 
 def test_real_gemma3_prompt_logits_are_llamacpps(gemma3, llama_cpp):
