@@ -47,8 +47,9 @@ def add_rms_norm_rows(x, r, w, eps, out):
 @njit(cache=True, nogil=True, parallel=True)
 def swiglu(gate, up, out):
     """out = silu(gate) * up  — ggml_vec_swiglu_f32 (vec.cpp): SIMD ggml_v_silu on blocks
-    of 8 (16 under AVX-512 F and DQ, ``AVX512_EXPF``), then x / (1 + expf(-x)) for the tail. Tokens in parallel (a 512-token prefill
-    chunk of Qwen2.5-1.5B's FFN is 4.6 M elements per layer: 1 s of a 14 s prefill serially).
+    of 8 (16 under AVX-512 F and DQ, ``AVX512_EXPF``), then x / (1 + expf(-x)) for the tail.
+    Tokens in parallel (a 512-token prefill chunk of Qwen2.5-1.5B's FFN is 4.6 M elements per
+    layer: 1 s of a 14 s prefill serially).
 
     gate, up, out  # (T, F) float32
     """

@@ -107,20 +107,20 @@ def _unpack_bytes(wf, nb, offset, wb):
 # ---- one lane of llama.cpp's dot product for 16 rows and up to 4 tokens
 
 @njit(nogil=True, cache=True, inline="always")
-def _block_lane(vnni, wf, wb, xf, xb, off, da, db, dx, k, b, l, acc_a, acc_b):
+def _block_lane(vnni, wf, wb, xf, xb, off, n_in, da, db, dx, k, b, l, acc_a, acc_b):
     """(acc_a, acc_b) after block b of token k: lane l of rows 0-7 and 8-15. The lane's
     integer sum comes from float FMAs on ``wf`` (exact, module docstring) or, with ``vnni``,
     from vpdpbusd on ``wb``: x's 4 bytes against 4 weight bytes a row, started from -bias *
     their sum (``off``). The weight loads repeat for each token of a pass; LLVM keeps one.
 
     wf  # (nb * 32 * GROUP,) float32;  wb  # (nb * 32 * GROUP,) uint8 (_unpack_bytes)
-    xf  # (n_tok, n_in) float32;  xb  # (n_tok * n_in,) int8;  off  # (n_tok * nb * 8,) int32
+    xf  # (n_tok, n_in) float32 (float form);  xb  # (n_tok * n_in,) int8;  off  # (n_tok * nb * 8,) int32 (VNNI)
     """
     e = b * QK + 4 * l
     if vnni:
         o = (b * 8 + l) * 64
-        xv = bcast32(xb, k * xf.shape[1] + e)
-        start = bcast32(off, (k * (xf.shape[1] // QK) + b) * 8 + l)
+        xv = bcast32(xb, k * n_in + e)
+        start = bcast32(off, (k * (n_in // QK) + b) * 8 + l)
         sa = to_f32(dpbusd(start, load256(wb, o), xv))
         sb = to_f32(dpbusd(start, load256(wb, o + 32), xv))
     else:
@@ -138,7 +138,7 @@ def _block_lane(vnni, wf, wb, xf, xb, off, da, db, dx, k, b, l, acc_a, acc_b):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _lane(vnni, wf, wb, dw, nb, xf, xb, off, dx, k, n, l, lanes):
+def _lane(vnni, wf, wb, dw, nb, xf, xb, off, n_in, dx, k, n, l, lanes):
     """lanes[t*LANES + l*GROUP + i] = lane l of row i for token k + t (t < n; n is 4 or 1).
 
     dw     # (nb * GROUP,) float32 d_w;  dx  # (n_tok, nb) float32 d_x
@@ -155,11 +155,11 @@ def _lane(vnni, wf, wb, dw, nb, xf, xb, off, dx, k, n, l, lanes):
     for b in range(nb):
         da = load8(dw, b * GROUP)
         db = load8(dw, b * GROUP + 8)
-        a0a, a0b = _block_lane(vnni, wf, wb, xf, xb, off, da, db, dx, k, b, l, a0a, a0b)
+        a0a, a0b = _block_lane(vnni, wf, wb, xf, xb, off, n_in, da, db, dx, k, b, l, a0a, a0b)
         if n == TOKENS:
-            a1a, a1b = _block_lane(vnni, wf, wb, xf, xb, off, da, db, dx, k + 1, b, l, a1a, a1b)
-            a2a, a2b = _block_lane(vnni, wf, wb, xf, xb, off, da, db, dx, k + 2, b, l, a2a, a2b)
-            a3a, a3b = _block_lane(vnni, wf, wb, xf, xb, off, da, db, dx, k + 3, b, l, a3a, a3b)
+            a1a, a1b = _block_lane(vnni, wf, wb, xf, xb, off, n_in, da, db, dx, k + 1, b, l, a1a, a1b)
+            a2a, a2b = _block_lane(vnni, wf, wb, xf, xb, off, n_in, da, db, dx, k + 2, b, l, a2a, a2b)
+            a3a, a3b = _block_lane(vnni, wf, wb, xf, xb, off, n_in, da, db, dx, k + 3, b, l, a3a, a3b)
     o = l * GROUP
     store8(a0a, lanes, o)
     store8(a0b, lanes, o + 8)
@@ -197,12 +197,12 @@ def _finish(lanes, t, has_min, summs, k, r0, w, tmp, out):
 @njit(nogil=True, cache=True, inline="always")
 def _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, has_min, summs, r0, w, lanes, tmp, out):
     """Every token against one unpacked row group: out[:, r0:r0 + w]."""
-    n_tok, n_in = xf.shape
+    n_tok, n_in = out.shape[0], nb * QK
     k = 0
     while k < n_tok:
         n = TOKENS if k + TOKENS <= n_tok else 1
         for l in range(8):
-            _lane(vnni, wf, wb, dw, nb, xf, xb, off, dx, k, n, l, lanes)
+            _lane(vnni, wf, wb, dw, nb, xf, xb, off, n_in, dx, k, n, l, lanes)
         for t in range(n):
             _finish(lanes, t, has_min, summs, k + t, r0, w, tmp, out)
         k += n
@@ -239,10 +239,11 @@ def matmul_legacy_batch(qs, qh, d, m, unpack, plain, vnni, n_out, n_chunks, x, o
     else:
         qsum = np.empty((n_tok, nb), np.int32)  # (n_tok, nb) int32, unused
         quantize_q8_0(x, xq, dx, qsum)
-    xf = xq.astype(np.float32)                # (n_tok, n_in) float32: integers
-    xb = xq.astype(np.int8).reshape(-1)       # (n_tok * n_in,) int8
+    # each form gets the activations it multiplies (the other's arrays stay empty)
+    xf = xq.astype(np.float32) if not vnni else np.empty((0, n_in), np.float32)  # (n_tok, n_in) float32: integers
+    xb = xq.astype(np.int8).reshape(-1) if vnni else np.empty(0, np.int8)        # (n_tok * n_in,) int8
     bias = 128 if is_q8 else offset           # VNNI's weight bytes are q + bias, unsigned
-    off = np.empty(n_tok * nb * 8, np.int32)  # (n_tok, nb, 8) int32: -bias * the lane's 4 activations
+    off = np.empty(n_tok * nb * 8 if vnni else 0, np.int32)  # (n_tok, nb, 8) int32: -bias * the lane's 4 activations
     if vnni:
         for t in range(n_tok):
             for g4 in range(nb * 8):
@@ -256,7 +257,7 @@ def matmul_legacy_batch(qs, qh, d, m, unpack, plain, vnni, n_out, n_chunks, x, o
         mw = np.empty(nb * GROUP, np.float32)              # (nb, GROUP) float32
         lanes = np.empty(TOKENS * LANES, np.float32)       # (TOKENS, 8, GROUP) float32
         tmp = np.empty(8, np.float32)                      # (8,) float32
-        summs = np.zeros(n_tok * GROUP, np.float32)        # (n_tok, GROUP) float32
+        summs = np.empty(n_tok * GROUP if has_min else 0, np.float32)  # (n_tok, GROUP) float32: Q4_1 / Q5_1
         g0, g1 = chunk_groups(c, n_chunks, n_groups)
         for g in range(g0, g1):
             r0, w = group_span(g, n_out)

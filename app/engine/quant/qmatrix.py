@@ -12,7 +12,8 @@ without copying it to f32:
 At construction the blocks are repacked once into the row-group planes of
 ``quant/layout.py`` (same number of bytes as the GGUF tensor; see that module for why), and
 every product runs in the multi-threaded numba kernels of ``quant/legacy.py`` (Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0; their batches of LEGACY_BATCH_MIN tokens or more in ``quant/legacy_batch.py``), ``quant/kquants.py`` (Q4_K, Q5_K, Q6_K; on AVX2 machines Q4_K and Q6_K take
+Q5_1, Q8_0; their batches of LEGACY_BATCH_MIN tokens or more in ``quant/legacy_batch.py``),
+``quant/kquants.py`` (Q4_K, Q5_K, Q6_K; on AVX2 machines Q4_K and Q6_K take
 ``quant/kquants_avx2.py`` instead: Q4_K in groups of 8 rows, Q6_K read from the file's own
 blocks, both bit-identical to llama.cpp's x86 kernels), ``quant/kquants_low.py`` (Q2_K, Q3_K), ``quant/iquants.py``
 (IQ4_NL, IQ4_XS) and ``quant/floats.py`` (F32, F16, BF16). The activations are
