@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from app.engine.attention.ggml_lanes import (dot_main, dot_main4, dot_main16, dot_main16x4, reduce_lanes,
-                                             reduce_lanes16, reduce_lanes64)
+                                             reduce_lanes8, reduce_lanes16, reduce_lanes32, reduce_lanes64)
 
 F = np.float32
 
@@ -68,17 +68,31 @@ def test_dot_products_take_ggmls_order_in_both_widths(head_dim):
 
 
 def test_value_sums_reduce_in_ggmls_trees():
+    """Each output dim summed in ggml's tree, whether it falls in the kernels' 16-dim vector steps
+    (dims 0-31 here) or in the scalar tail (32-36)."""
     rng = np.random.default_rng(7)
-    acc = rng.standard_normal((64, 5)).astype(F)      # (lanes, HD) partial sums
-    out = np.empty(5, F)
+    head_dim = 37
+    acc = rng.standard_normal((64, head_dim)).astype(F)      # (lanes, HD) partial sums
+    out = np.empty(head_dim, F)
     reduce_lanes64(acc, out)
-    for d in range(5):
+    for d in range(head_dim):
         a = acc[:, d]   # partial sum j % 64: accumulator (j % 64) // 16, lane j % 16
         x = ((a[0:16] + a[32:48]).astype(F) + (a[16:32] + a[48:64]).astype(F)).astype(F)
         assert out[d] == _reduce16(x)
     reduce_lanes16(acc, out)
-    assert out.tolist() == [_reduce16(acc[:16, d]) for d in range(5)]
+    assert out.tolist() == [_reduce16(acc[:16, d]) for d in range(head_dim)]
+    reduce_lanes32(acc, out)
+    for d in range(head_dim):   # 4 accumulators of 8 lanes: GGML_F32x8_REDUCE
+        a = acc[:32, d]
+        x = ((a[0:8] + a[16:24]).astype(F) + (a[8:16] + a[24:32]).astype(F)).astype(F)
+        t = (x[:4] + x[4:]).astype(F)
+        assert out[d] == F(F(t[0] + t[1]) + F(t[2] + t[3]))
+    reduce_lanes8(acc, out)
+    for d in range(head_dim):   # tinyBLAS's hsum of 8 lanes
+        a = acc[:8, d]
+        t = (a[:4] + a[4:]).astype(F)
+        assert out[d] == F(F(t[0] + t[2]) + F(t[1] + t[3]))
     for n_acc in (64, 32, 16, 8):      # the dispatcher picks the tree of each width
-        got = np.empty(5, F)
+        got = np.empty(head_dim, F)
         reduce_lanes(acc, n_acc, got)
         assert np.allclose(got, acc[:n_acc].sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)

@@ -267,6 +267,8 @@ def test_attention_matches_numpy_reference(n_q, pos0):
     (4, 1, 64, 1200, 0, 2),     # one KV head: its group split in two for the threads
     (4, 1, 64, 1200, 512, 1),   # a sliding-window layer (gemma3)
     (8, 8, 32, 2100, 0, 2),     # no GQA
+    (9, 3, 64, 333, 0, 1),      # SmolLM2's heads: groups of 3, a pair of heads and one alone
+    (14, 2, 64, 450, 0, 2),     # Qwen2.5-0.5B's: groups of 7
 ])
 def test_decode_attention_by_groups_equals_the_per_head_kernel(h, kvh, hd, pos0, window, threads):
     """One query token takes the grouped kernel (keys read once per GQA group, value sums
@@ -291,6 +293,31 @@ def test_decode_attention_by_groups_equals_the_per_head_kernel(h, kvh, hd, pos0,
     # numpy's score sums differ in the last bits, and rounding the probabilities to f16 turns that
     # into an f16 step (2**-11) now and then over a thousand keys
     np.testing.assert_allclose(grouped, attend_reference(q, k[1], v[1], pos0, window=window), rtol=3e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("n_group,n_kv", [(6, 1100), (3, 64), (1, 70), (7, 5)])
+def test_decode_value_sums_keep_each_lanes_order_in_both_widths(n_group, n_kv):
+    """The decode kernel's value sums, in 8- and 16-lane registers alike: lane l of head g is the
+    chain of FMAs over rows l, l + L, ... in order (ggml_vec_dot_f16's partial sums over the cells),
+    against a float32 model of that chain -- over whole passes, a short last pass, and rows fewer
+    than one per lane."""
+    from numba import njit
+    from app.engine.attention import dense_groups
+    from app.engine.attention.ggml_lanes import F16_STEP
+    rng = np.random.default_rng(n_kv)
+    hd = 48 if n_group == 3 else 64      # 48: three 16-lane chunks
+    v = rng.standard_normal((n_kv + 3, hd)).astype(np.float16)             # (C, HD)
+    p = rng.random((n_group, n_kv + 3)).astype(np.float16).astype(np.float32)  # (G, >= n_kv)
+    want = np.zeros((n_group, F16_STEP, hd), np.float32)                  # (G, L, HD)
+    vf = v.astype(np.float32)
+    for j in range(n_kv):   # fma in float32: exact product and sum in long double, then one rounding
+        lane = want[:, j % F16_STEP]
+        want[:, j % F16_STEP] = (np.longdouble(1) * vf[j] * p[:, j:j + 1] + lane).astype(np.float32)
+    for kernel in (dense_groups._values_group8, dense_groups._values_group16):
+        run = njit(lambda p, v, n, acc, k=kernel: k(p, v, n, acc))
+        acc = np.full((n_group, F16_STEP, hd), np.nan, np.float32)
+        run(p, v.view(np.uint16), n_kv, acc)
+        np.testing.assert_array_equal(acc, want)
 
 
 @pytest.mark.parametrize("n_q,h,kvh,hd,pos0", [

@@ -11,7 +11,7 @@ from numba import njit, prange
 
 from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8_2d, splat8, splat8_2d, store8_2d, zero8
-from ..ops.simd16 import fma16, hsum16, load16_2d, zero16
+from ..ops.simd16 import fma16, hsum16, load16_2d, splat16_2d, store16_2d, zero16
 from .ggml_lanes import F16_STEP, TINYBLAS_LANES, WIDE, dot_row, dot_rows4, reduce_lanes, softmax, vec_dot_f16
 
 # ---- One query token (decode) -----------------------------------------------------------------
@@ -52,78 +52,100 @@ def _scores_group(k, q16, n_kv, scale, s):
                 s[g, j0 + i] = dot_row(kf, i, q16, g, head_dim) * scale
 
 
-VALUE_BLOCK = 512        # value rows converted to f32 at a time (256 KiB at HD 128: in L2)
-_CHUNK_ROWS = VALUE_BLOCK + 2   # rows of one 8-dim chunk in that copy: not a multiple of 4 KiB apart
+VALUE_STEPS = 16   # rows of each lane a pass takes: 16 x 4 rows of V (16 KiB at HD 128) stay in L1 for all
+                   # the passes over their dims and heads
 
 
-@njit(inline="always")
-def _load4(a, lane, d):
-    return load8_2d(a, lane, d), load8_2d(a, lane + 1, d), load8_2d(a, lane + 2, d), load8_2d(a, lane + 3, d)
+def _values_kernel(load, store, fma, splat, lanes):
+    """``values_group`` in registers of ``lanes`` float32 (8, or 16 where the CPU has AVX-512: half
+    the instructions), built from that width's intrinsics: one body for both."""
+
+    @njit(inline="always")
+    def two_heads(p, v, acc, g, lane, d, k0, k1):
+        """Lane sums (g, lane + i) and (g + 1, lane + i), i < 4, at dims d .. d + lanes, plus the
+        rows k * L + lane + i for k0 <= k < k1, in k order: each row of V converted once for both."""
+        a, b = acc[g], acc[g + 1]   # (L, HD) float32 each
+        a0, a1, a2, a3 = load(a, lane, d), load(a, lane + 1, d), load(a, lane + 2, d), load(a, lane + 3, d)
+        b0, b1, b2, b3 = load(b, lane, d), load(b, lane + 1, d), load(b, lane + 2, d), load(b, lane + 3, d)
+        for k in range(k0, k1):
+            j = k * F16_STEP + lane
+            v0, v1, v2, v3 = load(v, j, d), load(v, j + 1, d), load(v, j + 2, d), load(v, j + 3, d)
+            a0, a1 = fma(v0, splat(p, g, j), a0), fma(v1, splat(p, g, j + 1), a1)
+            a2, a3 = fma(v2, splat(p, g, j + 2), a2), fma(v3, splat(p, g, j + 3), a3)
+            b0, b1 = fma(v0, splat(p, g + 1, j), b0), fma(v1, splat(p, g + 1, j + 1), b1)
+            b2, b3 = fma(v2, splat(p, g + 1, j + 2), b2), fma(v3, splat(p, g + 1, j + 3), b3)
+        store(a0, a, lane, d)
+        store(a1, a, lane + 1, d)
+        store(a2, a, lane + 2, d)
+        store(a3, a, lane + 3, d)
+        store(b0, b, lane, d)
+        store(b1, b, lane + 1, d)
+        store(b2, b, lane + 2, d)
+        store(b3, b, lane + 3, d)
+
+    @njit(inline="always")
+    def one_head(p, v, acc, g, lane, d, k0, k1):
+        """``two_heads`` for head g alone (the last of an odd number)."""
+        a = acc[g]   # (L, HD) float32
+        a0, a1, a2, a3 = load(a, lane, d), load(a, lane + 1, d), load(a, lane + 2, d), load(a, lane + 3, d)
+        for k in range(k0, k1):
+            j = k * F16_STEP + lane
+            a0, a1 = fma(load(v, j, d), splat(p, g, j), a0), fma(load(v, j + 1, d), splat(p, g, j + 1), a1)
+            a2, a3 = fma(load(v, j + 2, d), splat(p, g, j + 2), a2), fma(load(v, j + 3, d), splat(p, g, j + 3), a3)
+        store(a0, a, lane, d)
+        store(a1, a, lane + 1, d)
+        store(a2, a, lane + 2, d)
+        store(a3, a, lane + 3, d)
+
+    @njit(inline="always")
+    def values_group(p, v, n_kv, acc):
+        """acc[g, l] = sum over j = l, l + L, ... of p[g, j] * V[j], by FMA in j order: for each
+        query head g of a GQA group, the L = F16_STEP (32, or 64 where WIDE) partial sums of
+        ggml_vec_dot_f16 over the cell index (dense.py's ``_weighted_values`` with L lanes).
+
+        Why this shape: each row of V is converted from f16 once into a register and multiplied
+        there for two heads; the lane sums of 4 lanes x 2 heads stay in registers over
+        VALUE_STEPS rows of each lane, whose V rows stay in L1 while the passes go over the dims
+        and the head pairs. Lane l takes rows l, l + L, ... in that order: the same adds, so the
+        same bits. (Converting V into a float32 copy first and streaming it once for each head
+        was L2-bound: 3.5x slower at 4,096 keys.)
+
+        p  # (G, >= n_kv) float32, probabilities already rounded to f16
+        v  # (C, HD) uint16 f16 bits, HD % lanes == 0;  acc  # (G, L, HD) float32, overwritten
+        """
+        n_group, head_dim = p.shape[0], v.shape[1]
+        acc[:] = 0.0
+        k_whole = n_kv // F16_STEP   # rows k * L + l for k < k_whole exist for every lane l
+        for k0 in range(0, k_whole, VALUE_STEPS):
+            k1 = min(k0 + VALUE_STEPS, k_whole)
+            for lane in range(0, F16_STEP, 4):
+                for d in range(0, head_dim, lanes):
+                    for g in range(0, n_group - 1, 2):
+                        two_heads(p, v, acc, g, lane, d, k0, k1)
+                    if n_group % 2:
+                        one_head(p, v, acc, n_group - 1, lane, d, k0, k1)
+        for i in range(n_kv - k_whole * F16_STEP):   # the last rows, fewer than L: each its lane's last
+            j = k_whole * F16_STEP + i
+            for g in range(n_group):
+                a = acc[g]
+                for d in range(0, head_dim, lanes):
+                    store(fma(load(v, j, d), splat(p, g, j), load(a, i, d)), a, i, d)
+
+    return values_group
 
 
-@njit(inline="always")
-def _store4(sums, a, lane, d):
-    store8_2d(sums[0], a, lane, d)
-    store8_2d(sums[1], a, lane + 1, d)
-    store8_2d(sums[2], a, lane + 2, d)
-    store8_2d(sums[3], a, lane + 3, d)
-
-
-@njit(inline="always")
-def _fma4(vf, row, p, g, j, sums):
-    """Four consecutive rows of one chunk of V times p[g, j .. j + 3], each into its own sum."""
-    return (fma8(load8_2d(vf, row, 0), splat8_2d(p, g, j), sums[0]),
-            fma8(load8_2d(vf, row + 1, 0), splat8_2d(p, g, j + 1), sums[1]),
-            fma8(load8_2d(vf, row + 2, 0), splat8_2d(p, g, j + 2), sums[2]),
-            fma8(load8_2d(vf, row + 3, 0), splat8_2d(p, g, j + 3), sums[3]))
+_values_group8 = _values_kernel(load8_2d, store8_2d, fma8, splat8_2d, 8)
+_values_group16 = _values_kernel(load16_2d, store16_2d, fma16, splat16_2d, 16)
 
 
 @njit(inline="always")
 def _values_group(p, v, n_kv, acc):
-    """acc[g, l] = sum over j = l, l + L, ... of p[g, j] * V[j], by FMA in j order: for each
-    query head g of a GQA group, the L = F16_STEP (32, or 64 where WIDE) partial sums of
-    ggml_vec_dot_f16 over the cell index (dense.py's ``_weighted_values`` with L lanes).
-
-    Why this shape: V is converted from f16 once for all the group's heads, VALUE_BLOCK rows at a
-    time, into 8-dim chunks whose rows are contiguous; then for each head and chunk, 16 of the L
-    lane sums at a time stay in registers over the block's rows (lane l takes rows l, l + L, ...:
-    the same adds in the same order, so the same bits). Sums kept in memory instead (a load and a
-    store around every multiply-add) made this kernel twice as slow.
-
-    p  # (G, >= n_kv) float32, probabilities already rounded to f16
-    v  # (C, HD) uint16 f16 bits, HD % 8 == 0;  acc  # (G, L, HD) float32, overwritten
-    """
-    n_group = p.shape[0]
-    n_chunks = v.shape[1] // 8
-    vf = np.empty((n_chunks * _CHUNK_ROWS, 8), dtype=np.float32)  # (chunks x rows, 8) the block in f32
-    acc[:] = 0.0
-    n_lanes = F16_STEP
-    for jb in range(0, n_kv, VALUE_BLOCK):   # jb % L == 0: row i of a block is lane i & (L - 1)
-        nb = min(VALUE_BLOCK, n_kv - jb)
-        for i in range(nb):
-            for c in range(n_chunks):
-                store8_2d(load8_2d(v, jb + i, 8 * c), vf, c * _CHUNK_ROWS + i, 0)
-        n_whole = nb - nb % n_lanes
-        for g in range(n_group):
-            a = acc[g]  # (L, HD) float32
-            for c in range(n_chunks):
-                d, base = 8 * c, c * _CHUNK_ROWS
-                for half in range(0, n_lanes, 16):
-                    s0, s1 = _load4(a, half, d), _load4(a, half + 4, d)
-                    s2, s3 = _load4(a, half + 8, d), _load4(a, half + 12, d)
-                    for r in range(half, n_whole, n_lanes):
-                        s0 = _fma4(vf, base + r, p, g, jb + r, s0)
-                        s1 = _fma4(vf, base + r + 4, p, g, jb + r + 4, s1)
-                        s2 = _fma4(vf, base + r + 8, p, g, jb + r + 8, s2)
-                        s3 = _fma4(vf, base + r + 12, p, g, jb + r + 12, s3)
-                    _store4(s0, a, half, d)
-                    _store4(s1, a, half + 4, d)
-                    _store4(s2, a, half + 8, d)
-                    _store4(s3, a, half + 12, d)
-                for i in range(n_whole, nb):   # the last rows, fewer than L
-                    lane = i & (n_lanes - 1)
-                    store8_2d(fma8(load8_2d(vf, base + i, 0), splat8_2d(p, g, jb + i), load8_2d(a, lane, d)),
-                              a, lane, d)
+    """acc[g, l]: the lane sums of p[g] . V (``values_group`` above), in 16-lane registers where
+    the CPU has AVX-512 and HD % 16 == 0, else in 8-lane ones (HD % 8 == 0)."""
+    if WIDE and v.shape[1] % 16 == 0:
+        _values_group16(p, v, n_kv, acc)
+    else:
+        _values_group8(p, v, n_kv, acc)
 
 
 @njit(cache=True, nogil=True, parallel=True)

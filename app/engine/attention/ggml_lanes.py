@@ -20,8 +20,8 @@ from numba import njit
 
 from ..ops.expf import AVX512_EXPF, expf8, ggml_expf
 from ..ops.f16 import f16_to_f32
-from ..ops.simd import add8, fma8, hadd_sum8, hsum8, load8, load8_2d, splat8, store8, zero8
-from ..ops.simd16 import add16, cat8, fma16, hsum16, load16, load16_2d, zero16
+from ..ops.simd import add8, fma8, hadd_sum8, hmax8, hsum8, load8, load8_2d, max8, splat8, store8, zero8
+from ..ops.simd16 import add16, cat8, fma16, hsum16, load16, load16_2d, store16, zero16
 from ..ops.simd_int import host_cpu_features
 
 WIDE = bool(host_cpu_features().get("avx512f"))
@@ -42,8 +42,14 @@ def softmax(s, n):
     ggml_v_expf, each register's lanes summed in f32 then added to a double total, times
     (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32: 16 lanes under AVX-512 F and DQ, the
     guard of its exp too, so ``AVX512_EXPF``; else 8)."""
-    s_max = np.float32(-np.inf)
-    for j in range(n):
+    s_max = np.float32(-np.inf)   # a max is the same in any order (+0 and -0 subtract alike below)
+    n8 = n - n % 8
+    if n8 > 0:
+        m = load8(s, 0)
+        for j0 in range(8, n8, 8):
+            m = max8(m, load8(s, j0))
+        s_max = hmax8(m)
+    for j in range(n8, n):
         s_max = max(s_max, s[j])
     minus_max = splat8(-s_max)
     total = 0.0  # ggml_float (double)
@@ -69,10 +75,48 @@ def softmax(s, n):
         s[j] = s[j] * inv
 
 
+# The reductions of lane sums below run 16 output dims at a time: each dim's adds are the scalar
+# ones in the same order (lane-wise IEEE adds), so the same bits; one scalar add per element and
+# per lane cost as much as the decode kernel's multiply-adds at 512 keys. acc # (>= n, HD) float32.
+
+
+@njit(inline="always")
+def _sum4(acc, a, b, c, e, d):
+    """(acc[a] + acc[b]) + (acc[c] + acc[e]) at dims d .. d + 15."""
+    return add16(add16(load16_2d(acc, a, d), load16_2d(acc, b, d)), add16(load16_2d(acc, c, d), load16_2d(acc, e, d)))
+
+
+@njit(inline="always")
+def _sum2(acc, a, b, d):
+    return add16(load16_2d(acc, a, d), load16_2d(acc, b, d))
+
+
+@njit(inline="always")
+def _tree8v(x0, x1, x2, x3, x4, x5, x6, x7):
+    """((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7)), lane-wise: hsum8's order per dim."""
+    return add16(add16(add16(x0, x4), add16(x1, x5)), add16(add16(x2, x6), add16(x3, x7)))
+
+
+@njit(inline="always")
+def _tree16v(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+    """``_tree16`` lane-wise."""
+    t0 = add16(add16(x0, x8), add16(x4, x12))
+    t1 = add16(add16(x1, x9), add16(x5, x13))
+    t2 = add16(add16(x2, x10), add16(x6, x14))
+    t3 = add16(add16(x3, x11), add16(x7, x15))
+    return add16(add16(t0, t2), add16(t1, t3))
+
+
 @njit(inline="always")
 def reduce_lanes32(acc, out):
     """out[d] = GGML_F32x8_REDUCE-order sum of the 32 partial sums acc[:, d]."""
-    for d in range(acc.shape[1]):
+    head_dim = out.shape[0]
+    n_vec = head_dim - head_dim % 16
+    for d in range(0, n_vec, 16):
+        store16(_tree8v(_sum4(acc, 0, 16, 8, 24, d), _sum4(acc, 1, 17, 9, 25, d), _sum4(acc, 2, 18, 10, 26, d),
+                        _sum4(acc, 3, 19, 11, 27, d), _sum4(acc, 4, 20, 12, 28, d), _sum4(acc, 5, 21, 13, 29, d),
+                        _sum4(acc, 6, 22, 14, 30, d), _sum4(acc, 7, 23, 15, 31, d)), out, d)
+    for d in range(n_vec, head_dim):
         x0 = (acc[0, d] + acc[16, d]) + (acc[8, d] + acc[24, d])
         x1 = (acc[1, d] + acc[17, d]) + (acc[9, d] + acc[25, d])
         x2 = (acc[2, d] + acc[18, d]) + (acc[10, d] + acc[26, d])
@@ -96,7 +140,16 @@ def reduce_lanes64(acc, out):
     """out[d] = GGML_F32Cx16_REDUCE-order sum of the 64 partial sums acc[:, d] (four 16-lane
     accumulators: the first plus the third, the second plus the fourth, those two, then the
     16 lanes)."""
-    for d in range(acc.shape[1]):
+    head_dim = out.shape[0]
+    n_vec = head_dim - head_dim % 16
+    for d in range(0, n_vec, 16):
+        store16(_tree16v(_sum4(acc, 0, 32, 16, 48, d), _sum4(acc, 1, 33, 17, 49, d), _sum4(acc, 2, 34, 18, 50, d),
+                         _sum4(acc, 3, 35, 19, 51, d), _sum4(acc, 4, 36, 20, 52, d), _sum4(acc, 5, 37, 21, 53, d),
+                         _sum4(acc, 6, 38, 22, 54, d), _sum4(acc, 7, 39, 23, 55, d), _sum4(acc, 8, 40, 24, 56, d),
+                         _sum4(acc, 9, 41, 25, 57, d), _sum4(acc, 10, 42, 26, 58, d), _sum4(acc, 11, 43, 27, 59, d),
+                         _sum4(acc, 12, 44, 28, 60, d), _sum4(acc, 13, 45, 29, 61, d),
+                         _sum4(acc, 14, 46, 30, 62, d), _sum4(acc, 15, 47, 31, 63, d)), out, d)
+    for d in range(n_vec, head_dim):
         x = np.empty(16, dtype=np.float32)
         for i in range(16):
             x[i] = (acc[i, d] + acc[32 + i, d]) + (acc[16 + i, d] + acc[48 + i, d])
@@ -107,7 +160,15 @@ def reduce_lanes64(acc, out):
 @njit(inline="always")
 def reduce_lanes16(acc, out):
     """out[d] = tinyBLAS's hsum (_mm512_reduce_add_ps) of the 16 partial sums acc[:16, d]."""
-    for d in range(out.shape[0]):
+    head_dim = out.shape[0]
+    n_vec = head_dim - head_dim % 16
+    for d in range(0, n_vec, 16):
+        store16(_tree16v(load16_2d(acc, 0, d), load16_2d(acc, 1, d), load16_2d(acc, 2, d), load16_2d(acc, 3, d),
+                         load16_2d(acc, 4, d), load16_2d(acc, 5, d), load16_2d(acc, 6, d), load16_2d(acc, 7, d),
+                         load16_2d(acc, 8, d), load16_2d(acc, 9, d), load16_2d(acc, 10, d), load16_2d(acc, 11, d),
+                         load16_2d(acc, 12, d), load16_2d(acc, 13, d), load16_2d(acc, 14, d),
+                         load16_2d(acc, 15, d)), out, d)
+    for d in range(n_vec, head_dim):
         out[d] = _tree16(acc[0, d], acc[1, d], acc[2, d], acc[3, d], acc[4, d], acc[5, d], acc[6, d], acc[7, d],
                          acc[8, d], acc[9, d], acc[10, d], acc[11, d], acc[12, d], acc[13, d], acc[14, d], acc[15, d])
 
@@ -130,7 +191,12 @@ def reduce_lanes(acc, n_acc, out):
 def reduce_lanes8(acc, out):
     """out[d] = tinyBLAS's hsum order of the 8 partial sums acc[:8, d]:
     ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
-    for d in range(out.shape[0]):
+    head_dim = out.shape[0]
+    n_vec = head_dim - head_dim % 16
+    for d in range(0, n_vec, 16):
+        store16(add16(add16(_sum2(acc, 0, 4, d), _sum2(acc, 2, 6, d)), add16(_sum2(acc, 1, 5, d), _sum2(acc, 3, 7, d))),
+                out, d)
+    for d in range(n_vec, head_dim):
         out[d] = ((acc[0, d] + acc[4, d]) + (acc[2, d] + acc[6, d])) + \
                  ((acc[1, d] + acc[5, d]) + (acc[3, d] + acc[7, d]))
 

@@ -90,7 +90,9 @@ def elem_ptr(context, builder, arrty, arr, idx):
     return cgutils.get_item_pointer(context, builder, arrty, ary, idx)
 
 
-def _is_c(arr, dtypes) -> bool:
+def c_array_of(arr, dtypes) -> bool:
+    """Whether the numba type ``arr`` is a C-contiguous array of one of ``dtypes`` (the intrinsics'
+    pointer arithmetic assumes it)."""
     return isinstance(arr, types.Array) and arr.layout == "C" and arr.dtype in dtypes
 
 
@@ -125,7 +127,7 @@ def splat8_2d(typingctx, arr, i, j):
     """arr[i, j] of a 2-D C-contiguous float32 array in all 8 lanes, read straight from memory
     (one vbroadcastss): numba's own arr[i, j] wraps negative indices, a compare and a move per
     read, which cost more than the multiply-add it feeds in a hot loop."""
-    if not (_is_c(arr, (types.float32,)) and arr.ndim == 2):
+    if not (c_array_of(arr, (types.float32,)) and arr.ndim == 2):
         return None
 
     def codegen(context, builder, sig, args):
@@ -146,7 +148,7 @@ def _load8_codegen(context, builder, sig, args):
 def load8(typingctx, arr, i):
     """arr[i:i+8] of a 1-D C-contiguous float32 array, or of a uint16 array of f16 bits
     (converted, vcvtph2ps)."""
-    if not (_is_c(arr, (types.float32, types.uint16)) and arr.ndim == 1):
+    if not (c_array_of(arr, (types.float32, types.uint16)) and arr.ndim == 1):
         return None
     return vec8(arr, i), _load8_codegen
 
@@ -155,7 +157,7 @@ def load8(typingctx, arr, i):
 def load8_2d(typingctx, arr, i, j):
     """arr[i, j:j+8] of a 2-D C-contiguous array, as load8. Indexing here instead of
     taking a row view spares numba a reference count per row."""
-    if not (_is_c(arr, (types.float32, types.uint16)) and arr.ndim == 2):
+    if not (c_array_of(arr, (types.float32, types.uint16)) and arr.ndim == 2):
         return None
     return vec8(arr, i, j), _load8_codegen
 
@@ -163,7 +165,7 @@ def load8_2d(typingctx, arr, i, j):
 @intrinsic
 def store8_2d(typingctx, v, arr, i, j):
     """arr[i, j:j+8] = v for a 2-D C-contiguous float32 array."""
-    if not (v == vec8 and _is_c(arr, (types.float32,)) and arr.ndim == 2):
+    if not (v == vec8 and c_array_of(arr, (types.float32,)) and arr.ndim == 2):
         return None
 
     def codegen(context, builder, sig, args):
@@ -261,7 +263,7 @@ def hmax8(typingctx, a):
 @intrinsic
 def store8(typingctx, v, arr, i):
     """arr[i:i+8] = v for a 1-D C-contiguous float32 array."""
-    if not (v == vec8 and _is_c(arr, (types.float32,)) and arr.ndim == 1):
+    if not (v == vec8 and c_array_of(arr, (types.float32,)) and arr.ndim == 1):
         return None
 
     def codegen(context, builder, sig, args):

@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.datamodel import models
 from numba.extending import intrinsic, register_model
 
-from .simd import I32, elem_ptr, lanewise, splat, vec8
+from .simd import I32, c_array_of, elem_ptr, lanewise, splat, vec8
 from .simd_int import vec8i
 
 V16F = ir.VectorType(ir.FloatType(), 16)
@@ -139,6 +139,33 @@ def load16_2d(typingctx, arr, i, j):
 
 
 add16 = lanewise(vec16, lambda b, x, y: b.fadd(x, y))
+
+
+@intrinsic
+def store16_2d(typingctx, v, arr, i, j):
+    """arr[i, j:j+16] = v for a 2-D C-contiguous float32 array."""
+    if not (v == vec16 and c_array_of(arr, (types.float32,)) and arr.ndim == 2):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = elem_ptr(context, builder, sig.args[1], args[1], [args[2], args[3]])
+        builder.store(args[0], builder.bitcast(ptr, V16F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(v, arr, i, j), codegen
+
+
+@intrinsic
+def splat16_2d(typingctx, arr, i, j):
+    """arr[i, j] of a 2-D C-contiguous float32 array in all 16 lanes, read straight from memory
+    (one vbroadcastss; as ops/simd.py splat8_2d)."""
+    if not (c_array_of(arr, (types.float32,)) and arr.ndim == 2):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return splat(builder, builder.load(elem_ptr(context, builder, sig.args[0], args[0], list(args[1:]))), V16F)
+
+    return vec16(arr, i, j), codegen
 
 
 @intrinsic
