@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 
 from app.engine.attention.ggml_lanes import (dot_main, dot_main4, dot_main16, dot_main16x4, reduce_lanes,
-                                             reduce_lanes8, reduce_lanes16, reduce_lanes32, reduce_lanes64)
+                                             reduce_lanes8, reduce_lanes16, reduce_lanes32, reduce_lanes64, softmax)
 
 F = np.float32
 
@@ -85,8 +86,7 @@ def test_value_sums_reduce_in_ggmls_trees():
     for d in range(head_dim):   # 4 accumulators of 8 lanes: GGML_F32x8_REDUCE
         a = acc[:32, d]
         x = ((a[0:8] + a[16:24]).astype(F) + (a[8:16] + a[24:32]).astype(F)).astype(F)
-        t = (x[:4] + x[4:]).astype(F)
-        assert out[d] == F(F(t[0] + t[1]) + F(t[2] + t[3]))
+        assert out[d] == _reduce8_hadd(x)
     reduce_lanes8(acc, out)
     for d in range(head_dim):   # tinyBLAS's hsum of 8 lanes
         a = acc[:8, d]
@@ -96,3 +96,20 @@ def test_value_sums_reduce_in_ggmls_trees():
         got = np.empty(head_dim, F)
         reduce_lanes(acc, n_acc, got)
         assert np.allclose(got, acc[:n_acc].sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 23, 37])
+def test_the_softmax_subtracts_the_largest_score_wherever_it_lies(n):
+    """The max goes 8 lanes at a time and then through the leftovers: a score of 200 among zeros, at
+    every position, must come out as probability 1 (a max that missed it would leave exp(200) = inf,
+    and inf / inf = NaN); scores all alike, however negative, share the mass equally."""
+    run = njit(lambda s, n: softmax(s, n))
+    for spike in range(n):
+        s = np.zeros(n + 2, F)
+        s[spike] = 200.0
+        s[n:] = 1000.0          # beyond n: not part of the softmax
+        run(s, n)
+        assert s[spike] == 1.0 and np.all(s[:n][np.arange(n) != spike] == 0.0)
+    s = np.full(n, -3000.0, F)
+    run(s, n)
+    assert np.allclose(s, 1.0 / n, rtol=1e-6)

@@ -310,9 +310,8 @@ def test_decode_value_sums_keep_each_lanes_order_in_both_widths(n_group, n_kv):
     p = rng.random((n_group, n_kv + 3)).astype(np.float16).astype(np.float32)  # (G, >= n_kv)
     want = np.zeros((n_group, F16_STEP, hd), np.float32)                  # (G, L, HD)
     vf = v.astype(np.float32)
-    for j in range(n_kv):   # fma in float32: exact product and sum in long double, then one rounding
-        lane = want[:, j % F16_STEP]
-        want[:, j % F16_STEP] = (np.longdouble(1) * vf[j] * p[:, j:j + 1] + lane).astype(np.float32)
+    for j in range(n_kv):   # lane j % L: one more FMA of its chain
+        want[:, j % F16_STEP] = _fma32(vf[j], p[:, j:j + 1], want[:, j % F16_STEP])
     for kernel in (dense_groups._values_group8, dense_groups._values_group16):
         run = njit(lambda p, v, n, acc, k=kernel: k(p, v, n, acc))
         acc = np.full((n_group, F16_STEP, hd), np.nan, np.float32)

@@ -42,7 +42,9 @@ def softmax(s, n):
     ggml_v_expf, each register's lanes summed in f32 then added to a double total, times
     (float)(1 / total)  (vec.cpp ggml_vec_soft_max_f32: 16 lanes under AVX-512 F and DQ, the
     guard of its exp too, so ``AVX512_EXPF``; else 8)."""
-    s_max = np.float32(-np.inf)   # a max is the same in any order (+0 and -0 subtract alike below)
+    # a max is the same in any order: +0 and -0 subtract alike below, and a NaN score makes every
+    # output NaN either way
+    s_max = np.float32(-np.inf)
     n8 = n - n % 8
     if n8 > 0:
         m = load8(s, 0)
@@ -77,7 +79,8 @@ def softmax(s, n):
 
 # The reductions of lane sums below run 16 output dims at a time: each dim's adds are the scalar
 # ones in the same order (lane-wise IEEE adds), so the same bits; one scalar add per element and
-# per lane cost as much as the decode kernel's multiply-adds at 512 keys. acc # (>= n, HD) float32.
+# per lane cost as much as the decode kernel's multiply-adds at 512 keys.
+# acc # (>= n_acc, HD) float32;  out # (HD,) float32, C-contiguous (stored 16 dims at a time).
 
 
 @njit(inline="always")
@@ -88,12 +91,14 @@ def _sum4(acc, a, b, c, e, d):
 
 @njit(inline="always")
 def _sum2(acc, a, b, d):
+    """acc[a] + acc[b] at dims d .. d + 15."""
     return add16(load16_2d(acc, a, d), load16_2d(acc, b, d))
 
 
 @njit(inline="always")
 def _tree8v(x0, x1, x2, x3, x4, x5, x6, x7):
-    """((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7)), lane-wise: hsum8's order per dim."""
+    """((x0 + x4) + (x1 + x5)) + ((x2 + x6) + (x3 + x7)), lane-wise: hadd_sum8's order per dim (the end of
+    GGML_F32x8_REDUCE; not tinyBLAS's hsum8, which pairs (x0 + x4) with (x2 + x6))."""
     return add16(add16(add16(x0, x4), add16(x1, x5)), add16(add16(x2, x6), add16(x3, x7)))
 
 
