@@ -42,6 +42,7 @@ from ..ops.rope import RopeTables, rope_heads
 from ..quant import blas
 from ..quant.planes_file import PlanesFile
 from ..quant.qmatrix import QMatrix
+from ..quant.stack import ProductStack
 from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, llamacpp_hint
 from .gguf_file import GGUFFile, model_fingerprint, scan_gguf
 
@@ -109,6 +110,11 @@ class LayerWeights:
     w_gate: QMatrix         # (F, D)
     w_up: QMatrix           # (F, D)
     w_down: QMatrix         # (D, F)
+
+    def __post_init__(self):
+        # a decode step's products of one input, each set in one call where the formats allow
+        self.qkv = ProductStack((self.wq, self.wk, self.wv))
+        self.gate_up = ProductStack((self.w_gate, self.w_up))
 
 
 def _vector(t) -> np.ndarray:
@@ -266,9 +272,12 @@ class Model:
         """Wo · attention(rope(Wq h + bq), rope(Wk h + bk), Wv h + bv) (+ bo) -> (T, D) float32."""
         c = self.config
         n_tok = h.shape[0]
-        q = _linear(lw.wq, h)   # (T, H*HD) float32
-        k = _linear(lw.wk, h)   # (T, KVH*HD) float32
-        v = _linear(lw.wv, h)   # (T, KVH*HD) float32
+        if n_tok == 1:
+            q, k, v = (o.reshape(1, -1) for o in lw.qkv.matvec(h[0]))
+        else:
+            q = _linear(lw.wq, h)   # (T, H*HD) float32
+            k = _linear(lw.wk, h)   # (T, KVH*HD) float32
+            v = _linear(lw.wv, h)   # (T, KVH*HD) float32
         if lw.q_norm.shape[0]:
             # qwen3/gemma3: each head RMS-normed before RoPE (src/models/qwen3.cpp: build_norm of the
             # (HD, H, T) view, then ggml_rope_ext); no biases in these architectures
@@ -299,8 +308,11 @@ class Model:
 
     def _ffn_block(self, lw: LayerWeights, h) -> np.ndarray:
         """Wdown (act(Wgate h) * Wup h) -> (T, D) float32; act is silu, or gelu (gemma3)."""
-        gate = _linear(lw.w_gate, h)   # (T, F) float32
-        up = _linear(lw.w_up, h)       # (T, F) float32
+        if h.shape[0] == 1:
+            gate, up = (o.reshape(1, -1) for o in lw.gate_up.matvec(h[0]))
+        else:
+            gate = _linear(lw.w_gate, h)   # (T, F) float32
+            up = _linear(lw.w_up, h)       # (T, F) float32
         if self.gelu_table is not None:
             geglu(gate, up, self.gelu_table, gate)
         else:

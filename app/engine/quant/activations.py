@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from ..ops.f16 import round_bf16_in_place, round_f16_in_place
+from ..ops.simd import hmax8, load8_2d, max8, mul8, splat8, zero8
 
 QK8 = 32    # Q8_0 / Q8_1 block
 QK_K = 256  # K-quant super-block
@@ -95,6 +96,27 @@ def _quantize_blocks_32(x, xq, dx, qsum):
             qsum[t, b] = s
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _first_largest(x, t, base):
+    """(amax, vmax) of the super-block x[t, base:base + QK_K]: the largest |x| and the first value
+    with that magnitude, as quantize_row_q8_K_ref's scan (ax > amax: a later equal one does not
+    replace it; NaNs never win). The magnitude 8 lanes at a time, then a scan for its first place:
+    the scan's branch kept the compiler from vectorising the whole search.
+
+    x  # (n_tok, n_in) float32
+    """
+    minus = splat8(np.float32(-1.0))
+    m = zero8()
+    for j in range(0, QK_K, 8):
+        v = load8_2d(x, t, base + j)
+        m = max8(max8(v, mul8(v, minus)), m)   # |v|, and a NaN lane keeps m
+    amax = hmax8(m)
+    for j in range(QK_K):
+        if np.abs(x[t, base + j]) == amax:
+            return amax, x[t, base + j]
+    return amax, np.float32(0.0)   # amax == 0 and no x is +-0: cannot happen, but keeps the types
+
+
 @njit(nogil=True, cache=True)
 def quantize_q8_k(x, xq, dk, bsums):
     """Q8_K activations (ggml-quants.c quantize_row_q8_K_ref).
@@ -109,21 +131,16 @@ def quantize_q8_k(x, xq, dk, bsums):
     for t in range(n_tok):
         for b in range(nsb):
             base = b * QK_K
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)
-            for j in range(QK_K):
-                ax = np.abs(x[t, base + j])
-                if ax > amax:
-                    amax = ax
-                    vmax = x[t, base + j]
+            amax, vmax = _first_largest(x, t, base)
             if amax == 0:
                 dk[t, b] = 0
                 for j in range(QK_K):
                     xq[t, base + j] = 0
             else:
                 iscale = M127 / vmax
-                for j in range(QK_K):
-                    xq[t, base + j] = np.int16(min(F127, np.rint(iscale * x[t, base + j])))
+                for j in range(QK_K):   # a select, not min(): numba's min keeps NaN rules and a branch
+                    r = np.rint(iscale * x[t, base + j])
+                    xq[t, base + j] = np.int16(r if r < F127 else F127)
                 dk[t, b] = ONE / iscale
             for g in range(QK_K // 16):
                 s = 0

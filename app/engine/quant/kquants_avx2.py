@@ -68,12 +68,11 @@ def quantize_acts(x, xq, dk, bs_pairs, bs16):
     """
     n_tok, n_in = x.shape
     nsb = n_in // QK_K
-    x16 = np.empty((n_tok, n_in), np.int16)          # (n_tok, n_in) int16
     bsums = np.empty((n_tok, nsb * 16), np.int32)    # (n_tok, nsb * 16) int32
-    quantize_q8_k(x, x16, dk, bsums)
+    # the quants straight into xq's bytes (each in -127..127); an int16 copy cost a third of a decode
+    # step's quantization
+    quantize_q8_k(x, xq[:n_tok * n_in].reshape((n_tok, n_in)), dk, bsums)
     for t in range(n_tok):
-        for j in range(n_in):
-            xq[t * n_in + j] = np.int8(x16[t, j])
         for g in range(nsb * 16):
             bs16[t * nsb * 16 + g] = np.int16(bsums[t, g])
         for p in range(nsb * 4):
@@ -334,6 +333,42 @@ def matmul_q4_k_x8(x8, n_out, vnni, amx, n_chunks, x, out):
                     _rows_out(acc, accm, ROWS_X8, 0, t0, t0, t1, out, g * ROWS_X8, min(ROWS_X8, n_out - g * ROWS_X8))
         if amx:
             tile_release()
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def matvec_q4_k_x8_stack(x8a, na, x8b, nb, x8c, nc, n_chunks, x, out_a, out_b, out_c):
+    """Up to three Q4_K matrices (repack_q4_k_x8) times one token's activations in one call:
+    out_a = A x, out_b = B x, out_c = C x, each row with the bits ``matmul_q4_k_x8`` gives it
+    (the same gemv per group, the same Q8_K quants, made once). Why: a decode step's small
+    products (q, k and v of a layer: 1536, 256 and 256 rows at Qwen2.5-1.5B) spent as long on
+    each call's fixed costs (the call, the activations, the threads' start and the memory's
+    first lines) as on their bytes; in one call the threads share out all the groups, and gate
+    and up (two 8960-row matrices) pay those costs once. nc = 0 (any x8c) stacks two.
+
+    x8a, x8b, x8c  # (groups * nsb * 1152,) uint8 each, the planes of (na | nb | nc, n_in) matrices
+    x              # (1, n_in) float32
+    out_a, out_b, out_c  # (1, na), (1, nb), (1, nc) float32
+    """
+    n_in = x.shape[1]
+    nsb = n_in // QK_K
+    xq, dk, bs_pairs, _ = q8_k_acts(x)
+    ga, gb = (na + ROWS_X8 - 1) // ROWS_X8, (nb + ROWS_X8 - 1) // ROWS_X8
+    n_groups = ga + gb + (nc + ROWS_X8 - 1) // ROWS_X8
+    for c in prange(n_chunks):
+        acc = np.empty(ROWS_X8, np.float32)    # (8 rows,) float32: one token's gemv chains
+        accm = np.empty(ROWS_X8, np.float32)   # (8 rows,) float32: its mins' chains
+        g0, g1 = chunk_groups(c, n_chunks, n_groups)
+        for g in range(g0, g1):
+            if g < ga:
+                x8, out, n_out, gm = x8a, out_a, na, g
+            elif g < ga + gb:
+                x8, out, n_out, gm = x8b, out_b, nb, g - ga
+            else:
+                x8, out, n_out, gm = x8c, out_c, nc, g - ga - gb
+            acc[:] = 0
+            accm[:] = 0
+            _q4k_group(x8, gm, nsb, n_in, xq, dk, bs_pairs, 0, 1, 0, acc, accm, False)
+            _rows_out(acc, accm, ROWS_X8, 0, 0, 0, 1, out, gm * ROWS_X8, min(ROWS_X8, n_out - gm * ROWS_X8))
 
 
 @njit(nogil=True, cache=True)

@@ -209,6 +209,12 @@ class QMatrix:
         return any(np.shares_memory(plane, self.raw) for plane in self.planes.values())
 
     @property
+    def x8_planes(self) -> np.ndarray | None:
+        """The repacked Q4_K planes (groups * nsb * 1152,) uint8 where the AVX2 kernels multiply
+        this matrix (it can then be stacked with others of its kind: quant/stack.py), else None."""
+        return self.planes["x8"] if self.qtype == Q.Q4_K and self.qtype in _AVX2_K else None
+
+    @property
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
