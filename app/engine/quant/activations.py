@@ -122,7 +122,7 @@ def quantize_q8_k(x, xq, dk, bsums):
     """Q8_K activations (ggml-quants.c quantize_row_q8_K_ref).
 
     x      # (n_tok, n_in) float32
-    xq     # (n_tok, n_in) int16 out
+    xq     # (n_tok, n_in) int16 or int8 out (the quants lie in -127..127)
     dk     # (n_tok, n_in // 256) float32 out
     bsums  # (n_tok, n_in // 16) int32 out: sum of q per group of 16
     """
@@ -138,9 +138,8 @@ def quantize_q8_k(x, xq, dk, bsums):
                     xq[t, base + j] = 0
             else:
                 iscale = M127 / vmax
-                for j in range(QK_K):   # a select, not min(): numba's min keeps NaN rules and a branch
-                    r = np.rint(iscale * x[t, base + j])
-                    xq[t, base + j] = np.int16(r if r < F127 else F127)
+                for j in range(QK_K):
+                    xq[t, base + j] = np.int16(min(F127, np.rint(iscale * x[t, base + j])))
                 dk[t, b] = ONE / iscale
             for g in range(QK_K // 16):
                 s = 0

@@ -40,14 +40,16 @@ class ProductStack:
         stackable = [i for i, m in enumerate(self.mats) if m.x8_planes is not None][:MAX_STACKED]
         self.stacked = tuple(stackable) if len(stackable) >= 2 else ()   # indices into mats
         self.alone = tuple(i for i in range(len(self.mats)) if i not in self.stacked)
-        groups = sum(-(-self.mats[i].shape[0] // ROWS_X8) for i in self.stacked)
-        self._n_groups = groups
+        self._n_groups = sum(-(-self.mats[i].shape[0] // ROWS_X8) for i in self.stacked)   # 8-row groups
         self._no_rows = np.empty((1, 0), np.float32)   # (1, 0) the output of an absent third matrix
 
     def matvec(self, x: np.ndarray) -> list[np.ndarray]:
         """x (n_in,) float32 -> [W_i x (n_i,) float32 for each matrix, in order]."""
-        if x.shape != (self.n_in,) or x.dtype != np.float32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, dtype=np.float32).reshape(self.n_in)
+        if x.shape != (self.n_in,):
+            raise ValueError(f"{', '.join(m.name for m in self.mats)}: expected activations ({self.n_in},), "
+                             f"got {x.shape}")
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
         outs: list[np.ndarray | None] = [None] * len(self.mats)
         if self.stacked:
             mats = [self.mats[i] for i in self.stacked]
