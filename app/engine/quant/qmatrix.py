@@ -244,10 +244,7 @@ class QMatrix:
         """x (n_in,) float32 -> (n_out,) float32. The decode path: ~200 calls per token, so it
         skips what matmul checks generally (each numpy call here costs ~0.3 us)."""
         n_out, n_in = self.shape
-        if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.shape != (n_in,):
-            raise ValueError(f"{self.name}: expected activations ({n_in},), got {x.shape}")
+        x = token_activations(x, n_in, self.name)
         out = np.empty((1, n_out), np.float32)          # (1, n_out) float32
         self._mm_kernel(*self._mm_args, min(self._n_groups, num_threads()), x.reshape(1, n_in), out)
         return out[0]
@@ -277,6 +274,17 @@ class QMatrix:
 
     def __repr__(self) -> str:
         return f"QMatrix({self.name!r}, {self.qtype.name}, shape={self.shape})"
+
+
+def token_activations(x, n_in: int, what: str) -> np.ndarray:
+    """One token's activations x as (n_in,) contiguous float32, or a ValueError naming ``what``
+    (the matrix or matrices) and the shape it got. On the decode path: no more numpy calls
+    than it needs."""
+    if type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape != (n_in,):
+        raise ValueError(f"{what}: expected activations ({n_in},), got {x.shape}")
+    return x
 
 
 # ---- resident memory

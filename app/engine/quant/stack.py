@@ -22,7 +22,7 @@ import numpy as np
 from . import kquants_avx2
 from .layout import num_threads
 from .q4k_x8 import ROWS_X8
-from .qmatrix import QMatrix
+from .qmatrix import QMatrix, token_activations
 
 MAX_STACKED = 3   # matrices one stacked call takes (its kernel's arguments)
 
@@ -32,37 +32,37 @@ class ProductStack:
 
     def __init__(self, mats: Sequence[QMatrix]):
         self.mats = tuple(mats)
+        self._names = ", ".join(m.name for m in self.mats)
         n_in = {m.shape[1] for m in self.mats}
         if len(n_in) != 1:
-            raise ValueError(f"a product stack needs one input width, not {sorted(n_in)}: "
-                             + ", ".join(m.name for m in self.mats))
+            raise ValueError(f"a product stack needs one input width, not {sorted(n_in)}: {self._names}")
         self.n_in = n_in.pop()
         stackable = [i for i, m in enumerate(self.mats) if m.x8_planes is not None][:MAX_STACKED]
         self.stacked = tuple(stackable) if len(stackable) >= 2 else ()   # indices into mats
         self.alone = tuple(i for i in range(len(self.mats)) if i not in self.stacked)
+        self._kernel_args = self._bind() if self.stacked else None
         self._n_groups = sum(-(-self.mats[i].shape[0] // ROWS_X8) for i in self.stacked)   # 8-row groups
         self._no_rows = np.empty((1, 0), np.float32)   # (1, 0) the output of an absent third matrix
 
+    def _bind(self) -> tuple:
+        """matvec_q4_k_x8_stack's leading arguments (x8a, na, x8b, nb, x8c, nc), chosen once (the
+        thread count is asked at each call, as QMatrix does): a stack of two passes its second matrix
+        again as the third, with no rows."""
+        mats = [self.mats[i] for i in self.stacked]
+        n_c = mats[2].shape[0] if len(mats) == 3 else 0
+        planes_c = mats[2].x8_planes if len(mats) == 3 else mats[1].x8_planes
+        return mats[0].x8_planes, mats[0].shape[0], mats[1].x8_planes, mats[1].shape[0], planes_c, n_c
+
     def matvec(self, x: np.ndarray) -> list[np.ndarray]:
         """x (n_in,) float32 -> [W_i x (n_i,) float32 for each matrix, in order]."""
-        if x.shape != (self.n_in,):
-            raise ValueError(f"{', '.join(m.name for m in self.mats)}: expected activations ({self.n_in},), "
-                             f"got {x.shape}")
-        if x.dtype != np.float32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, dtype=np.float32)
+        x = token_activations(x, self.n_in, self._names)
         outs: list[np.ndarray | None] = [None] * len(self.mats)
         if self.stacked:
-            mats = [self.mats[i] for i in self.stacked]
-            rows = [np.empty((1, m.shape[0]), np.float32) for m in mats]   # (1, n_i) float32 each
-            if len(mats) == 2:
-                mats.append(mats[1])
+            rows = [np.empty((1, self.mats[i].shape[0]), np.float32) for i in self.stacked]   # (1, n_i) each
+            if len(rows) == 2:
                 rows.append(self._no_rows)
-                n_c = 0
-            else:
-                n_c = mats[2].shape[0]
-            kquants_avx2.matvec_q4_k_x8_stack(
-                mats[0].x8_planes, mats[0].shape[0], mats[1].x8_planes, mats[1].shape[0], mats[2].x8_planes, n_c,
-                min(self._n_groups, num_threads()), x.reshape(1, self.n_in), rows[0], rows[1], rows[2])
+            kquants_avx2.matvec_q4_k_x8_stack(*self._kernel_args, min(self._n_groups, num_threads()),
+                                              x.reshape(1, self.n_in), *rows)
             for i, r in zip(self.stacked, rows):
                 outs[i] = r[0]
         for i in self.alone:
@@ -70,5 +70,5 @@ class ProductStack:
         return outs
 
     def __repr__(self) -> str:
-        return (f"ProductStack({', '.join(m.name for m in self.mats)}; stacked "
+        return (f"ProductStack({self._names}; stacked "
                 f"{[self.mats[i].name for i in self.stacked]})")
