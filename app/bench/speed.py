@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from app.bench.step_parts import PARTS, step_parts
 from app.engine.backend import SamplingParams
 from app.engine.generate import PREFILL_CHUNK
 from app.engine.kv.sizes import LLAMACPP_KV_TYPES, KVShape
@@ -113,6 +114,7 @@ class BenchResult:
     flash_attn: bool | None = None  # llama.cpp's flash attention (None: eLLM)
     prefill_from: str = "measured"  # "measured" now, or "state": recorded when the kept state was made
     notes: list[str] = field(default_factory=list)
+    step_parts: dict | None = None  # eLLM: a decode step's time by part (bench/step_parts.py)
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "attention": self.attention, "kv": self.kv, "context": self.context,
@@ -120,7 +122,8 @@ class BenchResult:
                 "bytes_per_token": self.bytes_per_token, "gb_s": round(self.gb_s, 3),
                 "decode_steps": self.decode_steps, "pinned": self.pinned,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "sparse": self.sparse,
-                "flash_attn": self.flash_attn, "prefill_from": self.prefill_from, "notes": self.notes}
+                "flash_attn": self.flash_attn, "prefill_from": self.prefill_from, "notes": self.notes,
+                "step_parts": self.step_parts}
 
 
 def read_bandwidth_gb_s() -> float:
@@ -163,6 +166,7 @@ def filler_prompt(backend, n_tokens: int, salt: int = 0) -> list[int]:
 # with one chunk of 64 tokens, a first run after numba's cache was cleared measured a 512-token
 # prefill at 0.4x of the next run's.
 WARMUP_TOKENS = PREFILL_CHUNK + 64
+PART_STEPS = 16   # eLLM decode steps timed by part after each measurement (bench/step_parts.py)
 
 
 def measure(backend, context: int, steps: int, salt: int = 0, states=None,
@@ -303,9 +307,13 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                 stored, kv_read = backend.stats.kv_bytes_per_token, backend.stats.kv_read_bytes_per_token
                 bpt = {"weights": weights, "kv": kv_read, "metadata": 0, "total": weights + kv_read}
                 notes = [f"{AUTO_NOTE}{mode}"] if run.attention == AUTO else []
+                parts = None
+                if run.engine == "ellm":   # after the measured steps, so that they run untouched
+                    parts = step_parts(backend, filler_prompt(backend, context, context), PART_STEPS, weights)
                 results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
                                            bpt["total"] * decode / 1e9, steps, run.pinned, stored,
-                                           None if mode == "dense" else sparse_opts, flash_attn, source, notes))
+                                           None if mode == "dense" else sparse_opts, flash_attn, source, notes,
+                                           parts))
             backend.close()
     rows = [r.as_dict() for r in results]
     add_ratios(rows)
@@ -415,10 +423,30 @@ def format_table(report: dict) -> str:
     sparse = next((r["sparse"] for r in report["results"] if r.get("sparse")), None)
     if sparse:
         lines += ["", "sparse: " + ", ".join(f"{k} {v}" for k, v in sparse.items())]
+    lines += parts_table(report["results"])
     for s in report.get("skipped", ()):
         fa = {True: " flash-attn", False: " no-flash-attn"}.get(s.get("flash_attn"), "")
         lines.append(f"skipped {s['engine']} {s['kv']} {s['attention']}{fa}: {s['reason']}")
     return "\n".join(lines)
+
+
+def parts_table(rows: list[dict]) -> list[str]:
+    """Where each eLLM row's decode step goes (bench/step_parts.py), in ms a step."""
+    rows = [r for r in rows if r.get("step_parts")]
+    if not rows:
+        return []
+    head = (f"{'attn':<6} {'kv':<5} {'context':>7} {'step ms':>8} "
+            + " ".join(f"{p + ' ms':>12}" for p in PARTS) + f" {'weights GB/s':>12} {'KV GB/s':>8}")
+    lines = ["", f"where an eLLM decode step goes ({rows[0]['step_parts']['steps']} steps timed by part after "
+             "the measured ones; choice: sparse block choice; kernels: norms, RoPE, SwiGLU, cache writes; "
+             "other: Python and sampling)", head, "-" * len(head)]
+    for r in rows:
+        sp = r["step_parts"]
+        rate = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+        lines.append(f"{r['attention']:<6} {r['kv']:<5} {r['context']:>7} {sp['step_ms']:>8.2f} "
+                     + " ".join(f"{sp[p + '_ms']:>12.2f}" for p in PARTS)
+                     + f" {rate(sp['weights_gb_s']):>12} {rate(sp['kv_gb_s']):>8}")
+    return lines
 
 
 def plot(report: dict, path: str) -> None:

@@ -33,8 +33,18 @@ def cmd_bench(ctx: Context) -> int:
         if m not in choices:
             raise CliError(f"unknown attention '{m}' in --attention; choose from {', '.join(choices)}")
     sparse = sparse_config(a)
-    if not speed and a.trials < 1:   # --needle-folder and --passkey
+    if a.accuracy_at and not speed:
+        raise CliError("--accuracy-at adds accuracy to a speed run; --passkey and --needle-folder measure it alone")
+    if (not speed or a.accuracy_at) and a.trials < 1:   # --needle-folder, --passkey, --accuracy-at
         raise CliError(f"--trials must be at least 1, not {a.trials}")
+    if a.accuracy_at:
+        from app.bench.beyond import NEEDLE_DOCS
+
+        if a.accuracy_at < 1024 * NEEDLE_DOCS:
+            raise CliError(f"--accuracy-at T needs at least {1024 * NEEDLE_DOCS} tokens "
+                           f"({NEEDLE_DOCS} documents of 1024), not {a.accuracy_at}")
+    if (a.needle_folder or a.accuracy_at) and a.baseline_tokens < 256:
+        raise CliError("--baseline-tokens T needs at least 256 tokens (the dense reference's document)")
     if a.needle_folder:
         return bench_needle_folder(ctx, kvs, attentions, sparse)
     if a.passkey:
@@ -61,6 +71,17 @@ def cmd_bench(ctx: Context) -> int:
     except ValueError as e:   # a backend refused a combination (its message names it)
         raise CliError(str(e)) from e
     print(format_table(report))
+    if a.accuracy_at:
+        from app.bench.beyond import BeyondConfig, format_beyond, run_beyond
+
+        beyond = BeyondConfig(ctx.model_path, tokens=a.accuracy_at, baseline_tokens=a.baseline_tokens,
+                              trials=a.trials, kv=kvs[0], sparse=sparse, threads=a.threads or 0)
+        try:
+            report["beyond"] = run_beyond(beyond, progress=lambda what: err(f"bench: {what}"))
+        except ValueError as e:
+            raise CliError(str(e)) from e
+        print()
+        print(format_beyond(report["beyond"]))
     if a.json_file:
         Path(a.json_file).write_text(json.dumps(report, indent=2))
         err(f"bench: results written to {a.json_file}")
@@ -78,8 +99,6 @@ def bench_needle_folder(ctx: Context, kvs, attentions, sparse) -> int:
     a = ctx.args
     if a.needle_folder < 1 or a.tokens < 1024 * a.needle_folder:
         raise CliError("--needle-folder N --tokens T needs N >= 1 and at least 1024 tokens per document")
-    if a.baseline_tokens < 256:
-        raise CliError("--baseline-tokens T needs at least 256 tokens (the dense reference's document)")
     mode = attentions[0]
     attention = (sparse or SparseConfig()).in_mode(mode)
     cfg = NeedleConfig(ctx.model_path, n_docs=a.needle_folder, tokens=a.tokens, trials=a.trials, kv=kvs[0],

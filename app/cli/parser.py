@@ -177,8 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=200_000, metavar="T",
                    help="--needle-folder: tokens of all the documents together")
     p.add_argument("--baseline-tokens", type=int, default=4096, metavar="T",
-                   help="--needle-folder: tokens of the single document dense attention is asked about "
-                        "beside it (default 4096)")
+                   help="--needle-folder, --accuracy-at: tokens of the single document dense attention is "
+                        "asked about beside it (default 4096)")
+    p.add_argument("--accuracy-at", type=int, default=0, metavar="T",
+                   help="after the speed rows, in the same run: pass key and needle-across-a-folder accuracy "
+                        "at T tokens with sparse attention, beside dense f16 at --baseline-tokens (--trials each)")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write the results as JSON to FILE")
