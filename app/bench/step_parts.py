@@ -15,7 +15,11 @@ the measured steps run the engine untouched):
   other      the rest of the step: the Python between the calls, the embedding row, sampling
              and the generator's own bookkeeping (the "Python overhead per token").
 
-Each wrapper costs two clock reads (~0.1 us) per call, a few hundred calls a step.
+Each wrapper adds a Python call and two clock reads (~0.5-1 us, counted in "other"), a few
+hundred calls a step. Only calls made from Python are seen: a jitted function calling another
+(_qkv_bias_rope calls _qkv_bias_rope_keys) is timed as its caller, and one compiled while the
+wrappers are in place would find a Python function under the name, so the bench times parts
+only after the measured steps have compiled every call of a decode step.
 """
 from __future__ import annotations
 

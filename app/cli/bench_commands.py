@@ -74,6 +74,8 @@ def cmd_bench(ctx: Context) -> int:
     if a.accuracy_at:
         from app.bench.beyond import BeyondConfig, format_beyond, run_beyond
 
+        if a.json_file:   # the speed rows are kept if the long accuracy part fails or is stopped
+            Path(a.json_file).write_text(json.dumps(report, indent=2))
         beyond = BeyondConfig(ctx.model_path, tokens=a.accuracy_at, baseline_tokens=a.baseline_tokens,
                               trials=a.trials, kv=kvs[0], sparse=sparse, threads=a.threads or 0)
         try:

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passkey", action="store_true",
                    help="pass key retrieval accuracy instead of speed (a number hidden in long prose)")
     p.add_argument("--trials", type=int, default=5, metavar="N",
-                   help="--passkey: trials per context and mode; --needle-folder: trials")
+                   help="--passkey: trials per context and mode; --needle-folder, --accuracy-at: trials")
     p.add_argument("--needle-folder", type=int, default=0, metavar="N",
                    help="one fact planted in one of N filler documents, asked across all of them")
     p.add_argument("--tokens", type=int, default=200_000, metavar="T",
