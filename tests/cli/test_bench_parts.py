@@ -3,7 +3,6 @@ context in the same run as speed (`--accuracy-at`, bench/beyond.py)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
