@@ -527,3 +527,38 @@ def test_the_blocked_prefill_on_amx_tiles_is_the_sgemm_one_to_bfloat16_pairs_pre
     assert not np.array_equal(out[True], out[False])
     np.testing.assert_allclose(out[True], out[False], rtol=0, atol=1e-3 * np.abs(out[False]).max())
     assert np.array_equal(out[True].argmax(-1), out[False].argmax(-1))
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads,head_dim", [(6, 1, 128), (4, 2, 64), (10, 2, 32), (4, 2, 0)])
+@pytest.mark.parametrize("kv", ["f16", "k8v4"])
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+def test_f16_blocks_read_as_stored_give_the_bits_of_decoding_them_first(tiny_model, monkeypatch, tmp_path,
+                                                                        n_heads, n_kv_heads, head_dim, kv, mode):
+    """Decode reads f16 blocks (the f16 format's, and every format's tail) as stored, each row
+    converted in registers, where HD % 32 == 0 (16 dims: decoded first as before): the logits
+    of decode steps are those of decoding each block to float32 first, bit for bit, over
+    memory-mapped blocks of a saved document, blocks of its own and the tail."""
+    from app.engine.attention import blocks
+    from app.engine.kv.files import load, save
+
+    model = Model(tiny_model("qwen2", n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim))
+    rng = np.random.default_rng(4)
+    document, question = rng.integers(3, 2000, 90).tolist(), rng.integers(3, 2000, 25).tolist()
+    attention = SparseConfig(mode=mode, sinks=16, window=32, top_k=2) if mode == "sparse" else SparseConfig()
+    first, first_state = _cache(model, kv=kv)[0], AttentionState(attention)
+    prefill(model, first, document, chunk=32, state=first_state)
+    first.set_checkpoint()
+    path = tmp_path / "doc.kv"
+    save(first, path, {"kv": kv})
+
+    def steps(as_stored: bool) -> np.ndarray:
+        monkeypatch.setattr(blocks, "F16_AS_STORED", as_stored)
+        cache, state = _cache(model, kv=kv)[0], AttentionState(attention)
+        load(cache, path, {"kv": kv})
+        assert cache.nb_base == 90 // B
+        logits = [prefill(model, cache, question, chunk=32, state=state)]
+        for t in (5, 6, 7, 8, 9):      # from 115 tokens into the eighth block: the tail, then a new one
+            logits.append(model.forward([t], cache, state=state))
+        return np.stack(logits)        # (6, V)
+
+    assert np.array_equal(steps(True), steps(False))

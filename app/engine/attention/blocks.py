@@ -12,7 +12,8 @@ prefill (a chunk of T tokens): the selected blocks are decoded and rotated to th
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ..kv.blocked import BlockKVCache, decode_keys
 from ..ops.f16 import f16_to_f32
@@ -92,6 +93,7 @@ def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState
 
 
 PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
+F16_AS_STORED = True   # decode reads f16 blocks as stored (tests switch it off to compare bits)
 AMX_ATTENTION = HAS_AMX_BF16   # prefill products on AMX tiles (tests switch it off to compare)
 AMX_MIN_ROWS = 256             # query rows (tokens x query heads per KV head) from which they do
 
@@ -127,7 +129,7 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
     out = np.empty((1, n_heads, head_dim), np.float32)        # (1, H, HD)
     bmax = np.empty((n_heads, ns), np.float32)                 # (H, NS) block score max
     bsum = np.empty((n_heads, ns), np.float32)                 # (H, NS) block exp-sum
-    _decode_kernel(q[0], *a, cache.nb_base, n, n_limit, cache.spec.k_bits, cache.spec.v_bits,
+    _decode_kernel(q[0], *a, cache.nb_base, n, n_limit, cache.spec.k_bits, cache.spec.v_bits, F16_AS_STORED,
                    sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox, scale, n_split,
                    out[0], bmax, bsum, state.block_mass, sel.retrieved[0], sel.retrieved[1])
     return out
@@ -135,7 +137,8 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, n_limit, k_bits, v_bits,
-                   blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax, bsum, mass, credit0, credit1):
+                   as_stored, blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax, bsum, mass, credit0,
+                   credit1):
     """One query token over the selected blocks. Each block is decoded to float32 once and
     read from L1 by all the query heads of its KV head (the group shares the decoding).
 
@@ -143,6 +146,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
     b*/o*   # base (memory-mapped) / own blocks of this layer: kc (KVH, NB, B, HD|HD/2),
             # kb (KVH, NB, 2, HD) uint16, vc like kc, vs (KVH, NB, B) uint16
     tail_k, tail_v  # (KVH, B, HD) uint16 f16: the block being filled
+    as_stored       # f16 blocks read as stored (where HD % 32 == 0), not decoded first: same bits
     blocks, place   # (KVH, NS) int64 block ids and their placed start positions
     out     # (H, HD) float32;  bmax, bsum  # (H, NS) float32 per-block softmax pieces
     mass    # (NB,) float64 += each retrieved block's share of the attention (summed over
@@ -154,6 +158,9 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
     ns = blocks.shape[1]
     n_full = n // block
     n_items = n_kv_heads * n_split
+    f16 = k_bits == 16 and v_bits == 16
+    # the products' 16-lane paths read f16 bits (block_products.py); as_stored: F16_AS_STORED
+    direct = as_stored and head_dim % 32 == 0
     part_m = np.empty((n_items, group), np.float32)
     part_l = np.empty((n_items, group), np.float32)
     part_acc = np.empty((n_items, group, head_dim), np.float32)
@@ -182,30 +189,21 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
             rel = qpos - place[h, i]
             for g in range(group):
                 rotate_vec(q[h * group + g], cos[rel], sin[rel], neox, qr[g])
-            if b >= n_full:
-                # the f16 tail: no bounds or scales to read (k_bits = v_bits = 16)
-                _decode_block(tail_k[h], tail_k[h], tail_v[h], tail_v[h, 0], 16, 16, n_valid, kx, vx)
-            elif b < nb_base:
-                _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid, kx, vx)
+            # f16 keys and values are read as stored, each row converted in registers (exact, so
+            # the same bits as converting the block first): a block's f32 copies (2 x 32 KB at HD
+            # 128) overflowed L1 and took a quarter of the block's time. Other formats are decoded.
+            if direct and b >= n_full:   # the f16 tail (of every format): no bounds or scales
+                _attend_block(tail_k[h], tail_v[h], qr, n_valid, scale, s, h, i, bmax, bsum, m, l, acc)
+            elif direct and f16 and b < nb_base:
+                _attend_block(f16_rows(bkc[h, b]), f16_rows(bvc[h, b]), qr, n_valid, scale, s, h, i,
+                              bmax, bsum, m, l, acc)
+            elif direct and f16:
+                _attend_block(f16_rows(okc[h, b]), f16_rows(ovc[h, b]), qr, n_valid, scale, s, h, i,
+                              bmax, bsum, m, l, acc)
             else:
-                _decode_block(okc[h, b], okb[h, b], ovc[h, b], ovs[h, b], k_bits, v_bits, n_valid, kx, vx)
-            scores(kx, qr, n_valid, scale, s)
-            for g in range(group):
-                hq = h * group + g
-                bm, bs = exp_block(s, g, n_valid)
-                bmax[hq, i] = bm
-                bsum[hq, i] = bs
-                if bm > m[g]:
-                    f = np.exp(m[g] - bm)
-                    l[g] *= f
-                    for d in range(head_dim):
-                        acc[g, d] *= f
-                    m[g] = bm
-                w = np.exp(bm - m[g])
-                l[g] += bs * w
-                for j in range(n_valid):
-                    s[g, j] *= w
-            add_values(vx, s, n_valid, acc)
+                _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits,
+                               v_bits, h, b, n_valid, kx, vx)
+                _attend_block(kx, vx, qr, n_valid, scale, s, h, i, bmax, bsum, m, l, acc)
     # Merge the splits of each head by their log-sum-exp; credit each block its mass.
     for h in range(n_kv_heads):
         for g in range(group):
@@ -216,6 +214,48 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 b = blocks[h, i]
                 if n_limit - b * block > 0:
                     mass[b] += np.exp(bmax[hq, i] - mm) * bsum[hq, i] * inv
+
+
+@njit(inline="always")
+def _attend_block(k, v, qr, n_valid, scale, s, h, i, bmax, bsum, m, l, acc):
+    """The group's queries qr (G, HD) over one block (column i of KV head h): scores, the online
+    softmax's running max m (G,), sum l (G,) and output acc (G, HD) updated, the block's own max
+    and exp-sum kept in bmax, bsum (H, NS). k, v (>= n_valid, HD): float32, or uint16 f16 bits
+    where HD % 32 == 0 (the products' 16-lane paths convert them; their plain loops would not)."""
+    group, head_dim = qr.shape
+    scores(k, qr, n_valid, scale, s)
+    for g in range(group):
+        hq = h * group + g
+        bm, bs = exp_block(s, g, n_valid)
+        bmax[hq, i] = bm
+        bsum[hq, i] = bs
+        if bm > m[g]:
+            f = np.exp(m[g] - bm)
+            l[g] *= f
+            for d in range(head_dim):
+                acc[g, d] *= f
+            m[g] = bm
+        w = np.exp(bm - m[g])
+        l[g] += bs * w
+        for j in range(n_valid):
+            s[g, j] *= w
+    add_values(v, s, n_valid, acc)
+
+
+def f16_rows(codes):
+    """A block's stored codes as a C-contiguous uint16 (B, HD) array of f16 bits, for the f16
+    formats; numba compiles the decode kernel for every format's code dtype, so for uint8
+    codes (never f16: their k_bits/v_bits say so) it types as an empty array."""
+    raise NotImplementedError("f16_rows is compiled code only")
+
+
+@overload(f16_rows, inline="always")
+def _f16_rows(codes):
+    if isinstance(codes, types.Array) and codes.dtype == types.uint16:
+        if codes.layout == "C":
+            return lambda codes: codes
+        return lambda codes: np.ascontiguousarray(codes)
+    return lambda codes: np.empty((0, 0), np.uint16)
 
 
 # ---- Prefill ---------------------------------------------------------------------------------
