@@ -1,7 +1,8 @@
 """The automatic settings (app/runtime/auto.py): the context holds the whole document and the
 answer as far as memory allows, in an f16 cache where it holds the document and k8v8 where only
 that does, dense attention inside the trained context (the answer from the voted blocks for long
-documents) and sparse beyond it; whatever a person chose is kept."""
+documents) and beyond it the same with the prompt read through the longest window that fits
+("sparse-decode"); whatever a person chose is kept."""
 from __future__ import annotations
 
 import pytest
@@ -34,11 +35,11 @@ def test_a_document_inside_the_trained_context_is_read_whole_and_densely(model):
     assert c.n_ctx <= trained
 
 
-def test_beyond_the_trained_context_the_engine_attends_sparsely(model):
+def test_beyond_the_trained_context_the_engine_answers_from_the_voted_blocks(model):
     path, trained = model
     c = choose(Settings(), path, "ellm", doc_tokens=3 * trained, free_bytes=16 * GIB)
     assert c.n_ctx >= c.wanted > 3 * trained and c.n_ctx % CONTEXT_STEP == 0
-    assert (c.kv, c.attention, c.note) == (AUTO_KV, "sparse", "")
+    assert (c.kv, c.attention, c.note) == (AUTO_KV, "sparse-decode", "")
 
 
 def test_llama_cpp_stops_at_the_trained_context_and_says_so(model):
@@ -85,14 +86,14 @@ def test_a_document_just_inside_the_trained_context_stays_dense(model):
 
 def test_long_documents_inside_the_trained_context_are_read_densely_and_answered_sparsely(tmp_path):
     """From SPARSE_DECODE_FROM document tokens on, inside the trained window, the answer reads the
-    blocks the question voted for ("sparse-decode"); shorter documents, llama.cpp and documents
-    past the window keep their modes."""
+    blocks the question voted for ("sparse-decode"), and past the window too; shorter documents
+    and llama.cpp read densely."""
     from tests.engine.tiny_gguf import TinySpec, write_tiny_model
 
     path = write_tiny_model(tmp_path / "tiny-32k.gguf", TinySpec(context_length=32768))
     at = {doc: choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=16 * GIB)
           for doc in (SPARSE_DECODE_FROM - 1, SPARSE_DECODE_FROM, 30_000, 40_000)}
-    assert [c.attention for c in at.values()] == ["dense", "sparse-decode", "sparse-decode", "sparse"]
+    assert [c.attention for c in at.values()] == ["dense", "sparse-decode", "sparse-decode", "sparse-decode"]
     assert at[30_000].n_ctx == 32768 and at[40_000].n_ctx > 32768
     assert choose(Settings(), path, "llamacpp", doc_tokens=30_000, free_bytes=16 * GIB).attention == "dense"
     assert choose(Settings(attention="dense"), path, "ellm", doc_tokens=30_000).attention == "dense"

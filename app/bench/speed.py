@@ -274,7 +274,8 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
             # What a question about a document of that many tokens, answered in decode_steps
             # tokens, runs with nothing chosen (runtime/auto.py): the blocked cache (every question
             # about documents), the document read densely within the trained window (the answer
-            # from the voted blocks from SPARSE_DECODE_FROM tokens on), sparse beyond it.
+            # from the voted blocks from SPARSE_DECODE_FROM tokens on), beyond it the document
+            # read as sparse reads it and the answer from the voted blocks.
             groups = [((c,), _auto_attention(cfg, c)) for c in cfg.contexts]
         else:
             groups = [(cfg.contexts, run.attention)]

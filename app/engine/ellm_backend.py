@@ -61,7 +61,8 @@ class EllmBackend:
                                      documents)
         self.cache = self.model.new_cache(self.n_ctx, self.kv_spec if self.blocked else None)
         # How the current question reads the blocked cache (votes, selections, attention mass).
-        self.state = AttentionState(self.attention) if self.blocked else None
+        self.state = (AttentionState(self.attention.for_context(self.n_ctx, self.model.config.context_length
+                                                                or self.n_ctx)) if self.blocked else None)
         self.capabilities = Capabilities(prefix_files=self.blocked, composes=self.blocked,
                                          attended_blocks=self.blocked,
                                          focus=self.blocked and self.attention.mode != "dense")
@@ -158,10 +159,10 @@ class EllmBackend:
         stats.weight_bytes_per_token = self.model.weight_bytes
         stats.kv, stats.attention = self.kv_spec.name, self.attention.mode
         stats.kv_bytes_per_token = self.kv_bytes_per_token()
-        sparse = self.attention if self.blocked else None
+        sparse = self.state.config if self.blocked else None
         extra = self.state.focus_read if sparse is not None else 0
         if extra:                                                 # the focus comes on top of K
-            sparse = replace(sparse, top_k=sparse.k + extra)
+            sparse = replace(sparse, answer_k=sparse.k_for(1) + extra)
         stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,
                                                                 n_tokens, sparse)
 

@@ -27,7 +27,7 @@ KV_TIPS = {"auto": "eLLM chooses: f16, or k8v8 where memory holds the whole docu
 KV_NOW = ("KV cache precision of the answers: eLLM stores it in its blocked cache, llama.cpp as q8_0/q4_0; "
           "the KV quality probe shows what it costs in accuracy")
 ATTENTION_LABELS = {"auto": "automatic (documents read densely within the model's trained context, long ones "
-                            "answered from the voted blocks; sparse beyond)",
+                            "answered from the voted blocks; beyond it the document read sparsely)",
                     "dense": "dense (every token)", "sparse": "sparse retrieval (sinks, window, top-K blocks)",
                     "sparse-decode": "sparse answers (the document read densely, the answer from the blocks "
                                      "the question chose)"}
@@ -413,7 +413,7 @@ class SettingsDialog(QDialog):
     def _attention_changed(self) -> None:
         """The sparse options matter (and are shown enabled) only with sparse attention."""
         mode = self.attention.currentData()
-        shown = mode if mode in ("sparse", "sparse-decode") else "sparse"   # auto: sparse beyond the window
+        shown = mode if mode in ("sparse", "sparse-decode") else "sparse-decode"   # auto: beyond 8K tokens
         for name, box in self.sparse.items():
             box.setValue(sparse_default(name, shown))
             box.setEnabled(mode != "dense")

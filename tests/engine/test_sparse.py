@@ -8,7 +8,7 @@ import pytest
 
 from app.engine.attention import votes as sparse_votes
 from app.engine.attention.blocks import attend_blocks
-from app.engine.attention.config import SparseConfig
+from app.engine.attention.config import ANSWER_K_BEYOND, TOP_K, SparseConfig
 from app.engine.attention.select import select
 from app.engine.attention.state import AttentionState
 from app.engine.generate import prefill
@@ -362,18 +362,61 @@ def test_sparse_decode_reads_beyond_the_trained_context_as_sparse_does(tiny_mode
     model = Model(tiny_model("llama", context_length=256))
     tokens = np.random.default_rng(4).integers(3, 2000, 600).tolist()
     logits, dense = {}, SparseConfig(mode="dense")
+    opts = dict(sinks=B, window=2 * B, top_k=2)
     for mode in ("dense", "sparse", "sparse-decode"):
-        cache, state = _cache(model, n_ctx=700, mode=mode, sinks=B, window=2 * B, top_k=2)
+        cfg = SparseConfig(mode=mode, **opts)
+        assert cfg.for_context(256, 256) is cfg                  # inside the trained context: as it is
+        cache, state = _cache(model, n_ctx=700, **vars(cfg.for_context(700, 256)))
         logits[mode] = prefill(model, cache, tokens, chunk=64, all_logits=True, state=state)
-    # Chunks ending inside the trained 256 tokens are read densely (sparse's ranked some away),
-    # the ones past it compressed into the trained window as sparse's are.
-    assert np.array_equal(logits["sparse-decode"][:256], logits["dense"][:256])
+    # Past the trained 256 tokens sparse-decode reads its whole prompt as sparse does, one
+    # cache file; with a K given, its answer reads that K too.
+    assert np.array_equal(logits["sparse-decode"], logits["sparse"])
     assert not np.array_equal(logits["sparse"][:256], logits["dense"][:256])
-    assert np.isfinite(logits["sparse-decode"]).all()
-    assert np.abs(logits["sparse-decode"][256:]).max() < 3 * np.abs(logits["dense"][:256]).max()
-    cfg = SparseConfig(mode="sparse-decode", top_k=2)
-    assert cfg.prompt_config(256, 256) == dense and cfg.prompt_config(700, 256) is cfg
+    cfg = SparseConfig(mode="sparse-decode", **opts)
+    assert cfg.prompt_config(256, 256) == dense
+    assert cfg.prompt_config(700, 256) == SparseConfig(mode="sparse", **opts).prompt_config(700, 256)
+    assert cfg.for_context(700, 256) == SparseConfig(mode="sparse", answer_k=2, **opts)
     assert SparseConfig(mode="dense", top_k=2).prompt_config(700, 256) == dense
+    # Without a K: the prompt reads sparse's, the answer ANSWER_K_BEYOND voted blocks.
+    auto = SparseConfig(mode="sparse-decode").for_context(700, 256)
+    assert (auto.mode, auto.k, auto.k_for(64), auto.k_for(1)) == ("sparse", TOP_K["sparse"], 16, ANSWER_K_BEYOND)
+    assert SparseConfig(mode="sparse-decode").prompt_config(700, 256) == SparseConfig(mode="sparse")
+
+
+def test_the_backend_answers_past_the_trained_context_from_the_sparse_cache_file(tiny_model):
+    from app.engine.ellm_backend import EllmBackend
+
+    path = tiny_model("llama", context_length=256)
+    past = EllmBackend(path, n_ctx=1024, kv="f16", documents=True, attention="sparse-decode")
+    assert past.state.config == SparseConfig(mode="sparse", answer_k=ANSWER_K_BEYOND)
+    assert past.cache_signature() == EllmBackend(path, n_ctx=1024, kv="f16", documents=True,
+                                                 attention="sparse").cache_signature()
+    inside = EllmBackend(path, n_ctx=256, kv="f16", documents=True, attention="sparse-decode")
+    assert inside.state.config == SparseConfig(mode="sparse-decode")
+
+
+def test_an_answer_k_is_read_by_single_queries_inside_the_trained_window(tiny_model):
+    """answer_k: the prompt's chunks read K blocks, each answer token answer_k (and so does each
+    token of a question's chunk, short enough to choose per query), and past the trained context
+    only as many as keep every position inside it."""
+    model = Model(tiny_model("llama", context_length=256))
+    tokens = np.random.default_rng(4).integers(3, 2000, 640).tolist()
+    opts = dict(mode="sparse", sinks=B, window=2 * B, top_k=2, observe=0)
+    caches = {}
+    for answer_k in (None, 6, 100):
+        cache, state = caches[answer_k] = _cache(model, n_ctx=700, answer_k=answer_k, **opts)
+        prefill(model, cache, tokens, chunk=64, state=state)
+    for answer_k in (6, 100):   # the prompt read the same blocks
+        assert all(np.array_equal(x, y) for x, y in zip(caches[answer_k][0].arrays(1), caches[None][0].arrays(1)))
+    q = np.random.default_rng(5).standard_normal((1, model.config.n_heads, model.config.head_dim)).astype(np.float32)
+    cos, sin = model.rope.rows(0, 700)
+    read = {}
+    for answer_k, (cache, state) in caches.items():
+        sel = read[answer_k] = select(cache, 0, q, 640, state, cos, sin, model.neox)
+        assert sel.compressed and int(sel.place.max()) + B <= 256 and int(sel.qpos[0]) < 256
+    assert [read[k].retrieved[1] - read[k].retrieved[0] for k in (None, 6)] == [2, 6]
+    assert read[100].blocks.shape[1] * B == 256 - B                 # as many as fit, not 100
+    assert SparseConfig(answer_k=6, top_k=2).budget_tokens(B) == SparseConfig(top_k=6).budget_tokens(B)
 
 
 def test_each_sparse_mode_has_its_own_k_unless_one_is_given():

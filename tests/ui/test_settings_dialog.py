@@ -128,15 +128,17 @@ def test_every_kv_precision_and_attention_can_be_chosen(qtbot, window):
 
 def test_sparse_options_show_the_engine_defaults_read_only(qtbot, window):
     dialog = open_dialog(qtbot, window)
-    defaults = SparseConfig()
+    defaults, answers = SparseConfig(), SparseConfig(mode="sparse-decode")
+    # automatic: long documents are answered from the voted blocks (sparse-decode): its options
     assert {name: dialog.sparse[name].value() for _, name, _ in SPARSE_FIELDS} == {
-        "block": BLOCK, "sinks": defaults.sinks, "window": defaults.window, "top_k": defaults.k}
+        "block": BLOCK, "sinks": answers.sinks, "window": answers.window, "top_k": answers.k}
     assert all(box.isReadOnly() for box in dialog.sparse.values())
-    assert dialog.attention.currentData() == "auto"          # sparse beyond the trained context: they apply
+    assert dialog.attention.currentData() == "auto"
     assert all(box.isEnabled() for box in dialog.sparse.values())
     dialog.attention.setCurrentIndex(dialog.attention.findData("dense"))
     assert not any(box.isEnabled() for box in dialog.sparse.values()), "dense attention: they do not apply"
     dialog.attention.setCurrentIndex(dialog.attention.findData("sparse"))
     assert all(box.isEnabled() and box.isReadOnly() for box in dialog.sparse.values())
+    assert dialog.sparse["top_k"].value() == defaults.k
     dialog.attention.setCurrentIndex(dialog.attention.findData("sparse-decode"))     # its own K
-    assert dialog.sparse["top_k"].value() == SparseConfig(mode="sparse-decode").k != defaults.k
+    assert dialog.sparse["top_k"].value() == answers.k != defaults.k

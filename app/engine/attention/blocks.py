@@ -47,7 +47,7 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, sta
     n = pos0 + n_tok
     first = observing(state, pos0, n_tok)
     if first is not None:
-        cos, sin = rope.rows(0, max(n, nominal_distance(cfg, cache.block)) + cache.block + 1)
+        cos, sin = rope.rows(0, max(n, nominal_distance(cfg, cache.block, 1)) + cache.block + 1)
         a = cache.arrays(layer)
         scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
 

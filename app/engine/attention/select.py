@@ -86,9 +86,12 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     # chooses; beyond the trained context only as many as keep every position inside it.
     focus = state.focus[(state.focus >= n_sink) & (state.focus < first_local)] - n_sink \
         if n_tok == 1 and not dense else _NO_FOCUS                  # (F,) candidate columns
-    if compressed:
-        focus = focus[:max(0, n_train // B - 1 - n_sink - cfg.k - (n_blocks - first_local))]
-    budget = cfg.k + focus.shape[0]
+    k = cfg.k_for(n_tok)
+    if compressed:   # every position inside the trained context: K, then the focus, as far as they fit
+        room = max(0, n_train // B - 1 - n_sink - (n_blocks - first_local))
+        k = min(k, room)
+        focus = focus[:room - k]
+    budget = k + focus.shape[0]
     ranked = not dense and n_cand > budget
     n_chosen = budget if ranked else n_cand
     if n_tok == 1 and not dense:
@@ -164,10 +167,11 @@ def _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, 
             qpos[t] = p
 
 
-def nominal_distance(cfg: SparseConfig, block: int) -> int:
+def nominal_distance(cfg: SparseConfig, block: int, n_tok: int) -> int:
     """Beyond the trained context a candidate block's true distance means nothing to the
-    model: it is ranked as if it sat in the middle of the retrieved span."""
-    return cfg.window + cfg.k * block // 2
+    model: it is ranked, for a chunk of ``n_tok`` queries, as if it sat in the middle of the
+    span they retrieve."""
+    return cfg.window + cfg.k_for(n_tok) * block // 2
 
 
 def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, neox):
@@ -186,7 +190,7 @@ def _reference_queries(q, kvh, pos0, B, candidates, cfg, compressed, cos, sin, n
         qm = rotate(q, cos[offs], sin[offs], neox).mean(axis=0)
     qref = np.ascontiguousarray(qm.reshape(kvh, n_heads // kvh, head_dim), dtype=np.float32)
     if compressed:
-        rel = np.full(candidates.shape[0], nominal_distance(cfg, B), np.int64)
+        rel = np.full(candidates.shape[0], nominal_distance(cfg, B, n_tok), np.int64)
     else:
         rel = pos0 - candidates * B
     return qref, rel

@@ -81,12 +81,12 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
     end = candidate_end(cache, cfg, n, pos0)
     n_sink = min(-(-cfg.sinks // B), end)
     n_cand = end - n_sink
-    if n_cand <= cfg.k:
+    if n_cand <= cfg.k_for(1):    # each observed query chooses as an answer token does
         return None
     cand = np.arange(n_sink, end, dtype=np.int64)                            # (NC,)
     if compressed:   # every block at one nominal distance: the query turns, the keys stay
         place = np.zeros(n_cand, np.int64)
-        nominal = nominal_distance(cfg, B)
+        nominal = nominal_distance(cfg, B, 1)
         qrot = rotate(q, np.repeat(cos[nominal:nominal + 1], n_tok, 0),
                       np.repeat(sin[nominal:nominal + 1], n_tok, 0), neox)   # (T, H, HD)
     else:            # true positions: keys turned to their own, queries to theirs
