@@ -1,7 +1,7 @@
 """The automatic settings (app/runtime/auto.py): the context holds the whole document and the
 answer as far as memory allows, in an f16 cache where it holds the document and k8v8 where only
 that does, dense attention inside the trained context (the answer from the voted blocks for long
-documents) and beyond it the same with the prompt read through the longest window that fits
+documents) and beyond it the same, the document read as sparse attention reads it
 ("sparse-decode"); whatever a person chose is kept."""
 from __future__ import annotations
 

@@ -316,10 +316,16 @@ class EllmBackend:
         self._focus = np.array(list(dict.fromkeys(blocks)), np.int64)   # (F,) best passage first
 
     def reserve(self, n_ctx: int) -> None:
-        """Hold at least ``n_ctx`` tokens (a question over many documents' caches)."""
+        """Hold at least ``n_ctx`` tokens (a question over many documents' caches). Past the
+        trained context attention may read otherwise (SparseConfig.for_context): then what the
+        cache holds, read the other way, is dropped (a prefix comes back from its file)."""
         if self.blocked and n_ctx > self.n_ctx:
+            before = self.cache_signature()
             self.cache.reserve(n_ctx)
             self.n_ctx = n_ctx
+            self.state.config = self.attention.for_context(n_ctx, self.model.config.context_length or n_ctx)
+            if self.cache_signature() != before:
+                self.cache.clear()
 
     def cached_tokens(self, start: int = 0, end: int | None = None) -> list[int]:
         return list(self.cache.tokens[start:end])

@@ -12,7 +12,7 @@ import threading
 from functools import lru_cache
 from pathlib import Path
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.engine.kv.formats import KV_NAMES
 from app.engine.model.support import blocked_cache, why_not
@@ -26,6 +26,7 @@ class EngineChoice:
     name: str        # "ellm" | "llamacpp"
     note: str = ""   # why auto chose llama.cpp ("" when nothing needs saying)
     architecture: str = ""   # general.architecture, when the header was read ("" for llamacpp asked by name)
+    context_length: int = field(default=0, compare=False)   # the trained context, when the header was read
 
 
 def choose_engine(engine: str, model_path: Path) -> EngineChoice:
@@ -37,7 +38,7 @@ def choose_engine(engine: str, model_path: Path) -> EngineChoice:
     layout = scan_gguf(model_path)
     reason = why_not(layout)
     if not reason:
-        return EngineChoice("ellm", architecture=layout.architecture)
+        return EngineChoice("ellm", architecture=layout.architecture, context_length=layout.context_length or 0)
     if engine == "ellm":
         raise ModelError(f"{model_path}: eLLM's engine cannot run this model: {reason}; "
                          f"choose the llama.cpp engine (--engine llamacpp) or the automatic choice")
@@ -84,8 +85,11 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
     # eLLM's blocked cache grows in place (EllmBackend.reserve), so one loaded model serves
     # every context of its settings; llama.cpp's and the dense f16 cache are sized at load.
     grows = chosen == "ellm" and blocked_cache(choice.architecture, kv, attention, documents)
+    # ... but "sparse-decode" reads documents one way inside the trained context and another beyond
+    # it (SparseConfig.for_context): a backend serves the contexts on its side only.
+    beyond = attention == "sparse-decode" and n_ctx > (choice.context_length or n_ctx)
     key = (chosen, str(model_path), None if grows else n_ctx, threads, numa) + (
-        (kv, attention, grows) if chosen == "ellm" else (kv,))
+        (kv, attention, grows, beyond) if chosen == "ellm" else (kv,))
     with _open_lock:
         if key in _cache:
             backend = _cache[key]

