@@ -148,6 +148,15 @@ def stream_gb_s(threads: int) -> float | None:
 # ---- Measuring ----------------------------------------------------------------------
 
 
+def answer_options(backend, given: dict) -> dict:
+    """The sparse options a row's decode steps read with: ``given`` (the run's), with the K its
+    mode gives an answer token ("sparse-decode": 64 unless --top-k)."""
+    state = getattr(backend, "state", None)
+    if state is None:
+        return given
+    return {**given, "top_k": state.config.k_for(1)}
+
+
 def filler_prompt(backend, n_tokens: int, salt: int = 0) -> list[int]:
     """Exactly ``n_tokens`` tokens of prose (BOS first). Prompts of different ``salt`` differ
     from their first word on, so neither engine can reuse a cached prefix of the last one
@@ -313,8 +322,8 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                     parts = step_parts(backend, filler_prompt(backend, context, context), PART_STEPS, weights)
                 results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
                                            bpt["total"] * decode / 1e9, steps, run.pinned, stored,
-                                           None if mode == "dense" else sparse_opts, flash_attn, source, notes,
-                                           parts))
+                                           None if mode == "dense" else answer_options(backend, sparse_opts),
+                                           flash_attn, source, notes, parts))
             backend.close()
     rows = [r.as_dict() for r in results]
     add_ratios(rows)

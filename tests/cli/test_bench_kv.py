@@ -83,6 +83,17 @@ def test_auto_attention_runs_what_a_question_about_a_document_of_that_size_gets(
             "3700 sparse-decode") in text
 
 
+def test_a_sparse_decode_row_reports_the_k_its_answer_reads(cli, tiny, tmp_path, no_bandwidth_probe):
+    from app.engine.attention.config import TOP_K
+
+    out = tmp_path / "sd.json"
+    rc, _, err = cli("bench", "--model", str(tiny), "--engines", "ellm", "--kv", "f16", "--attention",
+                     "sparse,sparse-decode", "--contexts", "400", "--steps", "2", "--json", str(out))
+    assert rc == 0, err
+    rows = json.loads(out.read_text())["results"]
+    assert [r["sparse"]["top_k"] for r in rows] == [TOP_K["sparse"], TOP_K["sparse-decode"]]
+
+
 def test_llamacpp_runs_dense_f16_as_the_baseline_and_ratios_divide_by_it(cli, tiny, tmp_path,
                                                                          no_bandwidth_probe):
     out = tmp_path / "both.json"
