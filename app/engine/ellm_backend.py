@@ -61,8 +61,7 @@ class EllmBackend:
                                      documents)
         self.cache = self.model.new_cache(self.n_ctx, self.kv_spec if self.blocked else None)
         # How the current question reads the blocked cache (votes, selections, attention mass).
-        self.state = (AttentionState(self.attention.for_context(self.n_ctx, self.model.config.context_length
-                                                                or self.n_ctx)) if self.blocked else None)
+        self.state = AttentionState(self._reading()) if self.blocked else None
         self.capabilities = Capabilities(prefix_files=self.blocked, composes=self.blocked,
                                          attended_blocks=self.blocked,
                                          focus=self.blocked and self.attention.mode != "dense")
@@ -195,7 +194,7 @@ class EllmBackend:
 
     def cache_signature(self) -> dict:
         """What a persisted prefix depends on besides the model and the tokens."""
-        a = self.attention.prompt_config(self.n_ctx, self.model.config.context_length or self.n_ctx)
+        a = self.attention.prompt_config(self.n_ctx, self._trained())
         return {"kv": self.kv_spec.name, "block": self.kv_spec.block, "attention": a.mode,
                 "sinks": a.sinks, "window": a.window, "top_k": a.k, "dense_layers": a.dense_layers,
                 "prefill_chunk": self.prefill_chunk}
@@ -323,9 +322,17 @@ class EllmBackend:
             before = self.cache_signature()
             self.cache.reserve(n_ctx)
             self.n_ctx = n_ctx
-            self.state.config = self.attention.for_context(n_ctx, self.model.config.context_length or n_ctx)
+            self.state.config = self._reading()
             if self.cache_signature() != before:
                 self.cache.clear()
+
+    def _trained(self) -> int:
+        """The model's trained context (this context where the file does not say)."""
+        return self.model.config.context_length or self.n_ctx
+
+    def _reading(self) -> SparseConfig:
+        """How attention reads a context of this backend's size (SparseConfig.for_context)."""
+        return self.attention.for_context(self.n_ctx, self._trained())
 
     def cached_tokens(self, start: int = 0, end: int | None = None) -> list[int]:
         return list(self.cache.tokens[start:end])

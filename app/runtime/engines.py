@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dataclasses import dataclass, field
 
+from app.engine.attention.config import SparseConfig
 from app.engine.kv.formats import KV_NAMES
 from app.engine.model.support import blocked_cache, why_not
 from app.runtime.model_files import ModelError, check_gguf_header, scan_gguf, validate_model
@@ -85,11 +86,10 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
     # eLLM's blocked cache grows in place (EllmBackend.reserve), so one loaded model serves
     # every context of its settings; llama.cpp's and the dense f16 cache are sized at load.
     grows = chosen == "ellm" and blocked_cache(choice.architecture, kv, attention, documents)
-    # ... but "sparse-decode" reads documents one way inside the trained context and another beyond
-    # it (SparseConfig.for_context): a backend serves the contexts on its side only.
-    beyond = attention == "sparse-decode" and n_ctx > (choice.context_length or n_ctx)
+    # ... as long as attention reads them alike: "sparse-decode" reads documents one way inside the
+    # trained context and another beyond it (SparseConfig.for_context), so it is keyed by that reading.
     key = (chosen, str(model_path), None if grows else n_ctx, threads, numa) + (
-        (kv, attention, grows, beyond) if chosen == "ellm" else (kv,))
+        (kv, _reading(attention, n_ctx, choice.context_length), grows) if chosen == "ellm" else (kv,))
     with _open_lock:
         if key in _cache:
             backend = _cache[key]
@@ -114,6 +114,12 @@ def open_backend(engine: str, model_path: Path, n_ctx: int, threads: int = 0, nu
         _cache.clear()  # keep one model in memory at a time
         _cache[key] = backend
         return backend
+
+
+def _reading(attention: str, n_ctx: int, trained: int):
+    """The SparseConfig eLLM's engine reads a context of ``n_ctx`` tokens with in ``attention``
+    (hashable: a loaded backend's key)."""
+    return SparseConfig(mode=attention).for_context(n_ctx, trained or n_ctx)
 
 
 def engine_note(engine: str, model_path: Path) -> str:
