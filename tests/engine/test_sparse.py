@@ -14,6 +14,7 @@ from app.engine.attention.state import AttentionState
 from app.engine.generate import prefill
 from app.engine.kv.formats import KVSpec
 from app.engine.model.transformer import Model
+from app.engine.ops.rope import rotate
 
 B = 16
 
@@ -48,6 +49,17 @@ def test_a_small_budget_really_attends_less(model):
     prefill(model, sparse, tokens, chunk=48, state=sparse_state)
     assert not np.array_equal(model.forward([7], sparse, state=sparse_state),
                               model.forward([7], dense, state=dense_state))
+
+
+def _query_and_new_key(model, cache, layer, n, seed):
+    """A random query (1, H, HD) float32, its key and value (random) written at position ``n`` of
+    ``layer``, not yet committed: what one decode step holds when it attends."""
+    c = model.config
+    rng = np.random.default_rng(seed)
+    q = rng.normal(0, 1, (1, c.n_heads, c.head_dim)).astype(np.float32)
+    k = rng.normal(0, 1, (1, c.n_kv_heads * c.head_dim)).astype(np.float32)
+    cache.update(layer, n, k, k)
+    return q
 
 
 def _reference_attention(model, cache, layer, q, pos):
@@ -93,11 +105,7 @@ def test_dense_block_attention_matches_a_plain_numpy_reference(tiny_model, arch,
     model = Model(tiny_model(arch, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim))
     cache, state = _cache(model, kv=kv, mode="dense")
     prefill(model, cache, np.random.default_rng(1).integers(3, 2000, n).tolist(), chunk=32, state=state)
-    c = model.config
-    rng = np.random.default_rng(2)
-    q = rng.normal(0, 1, (1, c.n_heads, c.head_dim)).astype(np.float32)
-    k = rng.normal(0, 1, (1, c.n_kv_heads * c.head_dim)).astype(np.float32)
-    cache.update(1, n, k, k)
+    q = _query_and_new_key(model, cache, 1, n, seed=2)
     got = attend_blocks(q, cache, 1, n, state, model.rope, model.neox)[0]
     cache.commit([1])
     want = _reference_attention(model, cache, 1, q[0], n)
@@ -121,7 +129,6 @@ def test_selection_picks_the_block_whose_keys_match_the_query(model):
             pos = planted * B + j
             rel = n - planted * B
             qh = q[0, h * group]
-            from app.engine.ops.rope import rotate
             qr = rotate(qh[None, None, :], cos[[rel]], sin[[rel]], model.neox)[0, 0]
             keys[pos, h * c.head_dim:(h + 1) * c.head_dim] = 20.0 * qr / np.linalg.norm(qr)   # bound 20|q| vs ~1.8 sum|q| of random blocks
     for layer in range(c.n_layers):
@@ -162,6 +169,55 @@ def test_positions_stay_inside_the_trained_window_past_it(tiny_model):
     # Stable: the logits past the window look like those inside it, not blown up.
     inside = np.abs(logits[:100]).max()
     assert np.abs(logits[-100:]).max() < 3 * inside
+
+
+def _placed_attention(model, cache, layer, q, sel):
+    """Plain numpy: each KV head's selected blocks, keys rotated to where ``sel`` places them,
+    the query to ``sel.qpos``; softmax, values."""
+    c = model.config
+    k, v = cache.dequantize(layer)                       # (KVH, n, HD), keys in block frame
+    n = k.shape[1]
+    cos, sin = model.rope.rows(0, int(sel.place.max()) + B + 1)
+    group = c.n_heads // c.n_kv_heads
+    out = np.zeros((c.n_heads, c.head_dim), np.float64)
+    qr = rotate(q[None].astype(np.float32), cos[sel.qpos], sin[sel.qpos], model.neox)[0]
+    for h in range(c.n_heads):
+        kv = h // group
+        tok = np.concatenate([np.arange(b * B, min(b * B + B, n)) for b in sel.blocks[kv]])
+        at = np.concatenate([np.full(min(B, n - b * B), p) for b, p in zip(sel.blocks[kv], sel.place[kv])])
+        kh = rotate(k[kv, tok][:, None, :], cos[at], sin[at], model.neox)[:, 0].astype(np.float64)
+        s = kh @ qr[h].astype(np.float64) / math.sqrt(c.head_dim)
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ v[kv, tok]
+    return out
+
+
+def test_past_the_trained_window_the_focus_sits_nearest_the_question(tiny_model):
+    """Beyond the trained context the blocks a question was told to read are placed last among
+    the retrieved ones, next to the local blocks (the model leans on what is nearest); the
+    others keep their order, every slot is used once, and attention reads keys where placed."""
+    model = Model(tiny_model("llama", context_length=256))
+    cache, state = _cache(model, n_ctx=1200, mode="sparse", sinks=B, window=2 * B, top_k=2)
+    n = 1000
+    prefill(model, cache, np.random.default_rng(4).integers(3, 2000, n).tolist(), chunk=64, state=state)
+    q = _query_and_new_key(model, cache, 0, n, seed=5)
+    c = model.config
+    cos, sin = model.rope.rows(0, n + 2)
+    state.focus = np.array([40, 3], np.int64)            # best passage first, as qa/focus.py tells them
+    sel = select(cache, 0, q, n, state, cos, sin, model.neox)
+    lo, hi = sel.retrieved
+    assert sel.compressed and hi - lo == 2 + 2
+    assert int(sel.qpos[0]) == sel.place[0, -1] + n % B   # the query in its own block, last
+    for h in range(c.n_kv_heads):
+        row, at = list(sel.blocks[h]), list(sel.place[h] // B)
+        assert sorted(at) == list(range(len(row)))      # one slot each
+        assert at[:lo] == list(range(lo)) and at[hi:] == list(range(hi, len(row)))   # sinks, local: as before
+        assert [row[at.index(i)] for i in (hi - 2, hi - 1)] == [3, 40]   # the focus last, in document order
+        others = [b for b in row[lo:hi] if b not in (3, 40)]
+        assert [row[at.index(i)] for i in range(lo, hi - 2)] == others
+    got = attend_blocks(q, cache, 0, n, state, model.rope, model.neox)[0]
+    cache.commit([0])
+    np.testing.assert_allclose(got, _placed_attention(model, cache, 0, q[0], sel), rtol=2e-4, atol=2e-4)
 
 
 def test_decode_credits_attention_mass_to_retrieved_blocks_only(model):
@@ -246,6 +302,7 @@ def test_the_focus_is_read_besides_the_blocks_the_votes_choose(model):
     sel = select(cache, 0, q, n + 1, state, cos, sin, model.neox)
     lo, hi = sel.retrieved
     assert hi - lo == 2 + 2                               # K, plus the focus among the candidates
+    assert (sel.place == sel.blocks * B).all()            # inside the trained context: true positions
     ranked = np.argsort(-votes[:, 1:], axis=1) + 1        # candidates by votes, best first
     for h in range(model.config.n_kv_heads):
         others = [b for b in ranked[h] if b not in (4, mass_block)][:2]

@@ -14,7 +14,8 @@ sits inside the model's trained context, every block keeps its true position. Be
 attended blocks are laid out one after another in their original order (sinks first, the
 window and the query last) and numbered from 0: what the model sees is a short document
 inside its trained window, in the spirit of InfLLM (Xiao et al. 2024), which also rotates
-cached keys at attention time, here by whole blocks.
+cached keys at attention time, here by whole blocks. The blocks a single query was told to
+read (``state.focus``) go last among the retrieved ones there, nearest the query.
 
 Decode (one query token) runs a fused numba kernel that reads each attended block once for
 all query heads of its KV head, with an online softmax (FlashAttention-style running max);
@@ -115,7 +116,14 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     blocks = np.empty((KVH, ns), np.int64)                            # (KVH, NS)
     place = np.empty((KVH, ns), np.int64)                             # (KVH, NS)
     qpos = np.empty(n_tok, np.int64)                                  # (T,)
-    _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, B, pos0, blocks, place, qpos)
+    # Beyond the trained context the retrieved blocks are numbered anew anyway: the passages the
+    # question was told to read (the focus) go last among them, nearest the question. The model
+    # leans on what sits nearest (recency); in document order the last chapters' voted blocks sat
+    # there instead and the answers took their lines (README, "Sparse attention").
+    late = np.zeros(n_cand if compressed and ranked and focus.shape[0] else 0, np.bool_)   # (NC,) or (0,)
+    if late.shape[0]:
+        late[focus] = True
+    _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, late, B, pos0, blocks, place, qpos)
     return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked)
 
 
@@ -136,10 +144,11 @@ def _top_k(scores: np.ndarray, k: int, focus: np.ndarray = _NO_FOCUS) -> np.ndar
 
 
 @njit(cache=True, nogil=True)
-def _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, B, pos0, blocks, place, qpos):
+def _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, late, B, pos0, blocks, place, qpos):
     """Fill blocks/place (KVH, NS) and qpos (T,): sinks, the chosen candidates top (KVH, K)
     (ascending, counted from the first candidate) or all of them, then the local blocks;
-    placed at true positions, or one after another from 0 when ``compressed``."""
+    placed at true positions, or one after another from 0 when ``compressed``, the chosen
+    candidates marked in ``late`` (NC,) bool (empty: none) after the other chosen ones."""
     n_kv_heads, ns = blocks.shape
     for h in range(n_kv_heads):
         col = 0
@@ -157,8 +166,23 @@ def _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, 
         for b in range(first_local, n_blocks):
             blocks[h, col] = b
             col += 1
-        for i in range(ns):
-            place[h, i] = i * B if compressed else blocks[h, i] * B
+        if not compressed:
+            for i in range(ns):
+                place[h, i] = blocks[h, i] * B
+            continue
+        slot = 0
+        for i in range(n_sink + n_chosen):            # the sinks and the chosen not late, in order
+            if i < n_sink or late.shape[0] == 0 or not late[blocks[h, i] - n_sink]:
+                place[h, i] = slot * B
+                slot += 1
+        if late.shape[0]:
+            for i in range(n_sink, n_sink + n_chosen):  # then the late ones, in order
+                if late[blocks[h, i] - n_sink]:
+                    place[h, i] = slot * B
+                    slot += 1
+        for i in range(n_sink + n_chosen, ns):        # the local blocks, the queries' own last
+            place[h, i] = slot * B
+            slot += 1
     for t in range(qpos.shape[0]):
         p = pos0 + t
         if compressed:   # the queries sit in the local blocks, the same for every head
