@@ -41,7 +41,8 @@ class Selection:
     """Blocks attended by a chunk of queries, per KV head, and where they are placed."""
 
     blocks: np.ndarray   # (KVH, NS) int64 block ids, ascending
-    place: np.ndarray    # (KVH, NS) int64 start position of each block as the query sees it
+    place: np.ndarray    # (KVH, NS) int64 start position of each block as the query sees it (beyond
+                         # the trained context not ascending where a focus goes last)
     qpos: np.ndarray     # (T,) int64 position of each query as it sees itself
     compressed: bool
     retrieved: tuple[int, int] = (0, 0)   # columns of ``blocks`` chosen by ranking (not sinks/window)
