@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from app.engine.kv.sizes import KVShape, kv_bytes_per_token, safety_margin
-from app.runtime.auto import AUTO_KV, CONTEXT_STEP, NO_DOCUMENT_CONTEXT, SMALL_KV, SPARSE_DECODE_FROM, choose
+from app.runtime.auto import (AUTO_KV, BESIDE_ROOM, CONTEXT_STEP, NO_DOCUMENT_CONTEXT, SMALL_KV, SPARSE_DECODE_FROM,
+                              choose, document_needs)
 from app.runtime.model_files import packaged_model_path, scan_gguf
 from app.settings import Settings
 
@@ -29,8 +30,8 @@ def test_the_defaults_leave_the_context_kv_and_attention_to_eLLM():
 def test_a_document_inside_the_trained_context_is_read_whole_and_densely(model):
     path, trained = model
     c = choose(Settings(), path, "ellm", doc_tokens=2000, free_bytes=16 * GIB)
-    wanted = 2000 + 512 + Settings().max_tokens
-    assert c.wanted == wanted and c.n_ctx == -(-wanted // CONTEXT_STEP) * CONTEXT_STEP == 4096
+    wanted = 2000 + 512 + BESIDE_ROOM + Settings().max_tokens
+    assert c.wanted == wanted and c.n_ctx == -(-wanted // CONTEXT_STEP) * CONTEXT_STEP == 8192
     assert (c.kv, c.attention, c.note) == (AUTO_KV, "dense", "")
     assert c.n_ctx <= trained
 
@@ -64,7 +65,7 @@ def test_where_f16_does_not_hold_the_document_the_smaller_format_does(model):
     path, _ = model
     layout = scan_gguf(path)
     shape = KVShape.from_layout(layout)
-    doc = 12 * 1024 - 512 - Settings().max_tokens
+    doc = 12 * 1024 - 512 - BESIDE_ROOM - Settings().max_tokens
     need = 12 * 1024 * kv_bytes_per_token(shape, SMALL_KV)
     assert 12 * 1024 * kv_bytes_per_token(shape, AUTO_KV) > 1.5 * need
     free = layout.file_size + need + 256 * kv_bytes_per_token(shape, SMALL_KV)
@@ -78,10 +79,29 @@ def test_where_f16_does_not_hold_the_document_the_smaller_format_does(model):
 
 
 def test_a_document_just_inside_the_trained_context_stays_dense(model):
+    """The passages beside the question and the answer get what the trained context leaves."""
     path, trained = model
-    doc = trained - 512 - Settings().max_tokens - 8
+    doc = trained - document_needs(0) - 8
     c = choose(Settings(), path, "ellm", doc_tokens=doc, free_bytes=16 * GIB)
-    assert c.wanted <= trained and (c.n_ctx, c.attention) == (trained, "dense")
+    assert c.wanted > trained and (c.n_ctx, c.attention) == (trained, "dense")
+
+
+@pytest.mark.parametrize("side", [-1, 1])
+def test_the_answer_length_never_moves_a_document_across_the_trained_context(side, tmp_path):
+    """How a document is read (dense inside the trained window, sparse beyond: its cache file)
+    is decided by the document alone: any answer length reads it the same way."""
+    from app.engine.attention.config import SparseConfig
+    from tests.engine.tiny_gguf import TinySpec, write_tiny_model
+
+    trained = 32768
+    path = write_tiny_model(tmp_path / "tiny-32k.gguf", TinySpec(context_length=trained))
+    doc = trained - document_needs(0) + (1 if side > 0 else -64)
+    readings = set()
+    for max_tokens in (1, 16, 96, 160, 512, 2048, 8192):
+        c = choose(Settings(max_tokens=max_tokens), path, "ellm", doc_tokens=doc, free_bytes=16 * GIB)
+        assert (c.n_ctx <= trained) == (side < 0) and c.note == ""
+        readings.add(SparseConfig(mode=c.attention).prompt_config(c.n_ctx, trained))
+    assert len(readings) == 1 and next(iter(readings)).mode == ("dense" if side < 0 else "sparse")
 
 
 def test_long_documents_inside_the_trained_context_are_read_densely_and_answered_sparsely(tmp_path):

@@ -99,7 +99,7 @@ class DocumentWorker:
     def run(self, job: DocumentJob, params: SamplingParams, cancel=None) -> DocumentOutcome:
         """Every task of ``job``; a task that fails ends the document with its reason (the
         results before it are kept)."""
-        from app.qa.answer import AskError, answer
+        from app.qa.answer import DOCUMENT, AnswerOptions, AskError, answer
         from app.qa.doc_cache import DocCaches
         from app.qa.summarize import SummaryError
 
@@ -115,7 +115,7 @@ class DocumentWorker:
                     if task.kind == ASK:
                         a = answer(store, self.backend, task.question, [job.content.doc_id], params,
                                    model_name=self.engine_spec.model_name, cancel=cancel, save=False,
-                                   caches=caches)
+                                   caches=caches, options=AnswerOptions(source=DOCUMENT))
                         if a.cancelled:
                             break
                         out.results.append({"kind": task.kind, "question": task.question, "answer": a.answer,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.bench.eval_run import (EvalConfig, EvalMode, EvalReport, ReadingLines, base_settings, format_summary,
-                                ingest_documents, open_mode, verdict)
+                                ingest_documents, open_mode, summarise, verdict)
 from app.bench.eval_score import answer_right, citation_right, pointed_pages
 from app.qa.answer import AskError, answer
 from app.qa.pages import PageText, load_pages
@@ -84,9 +84,12 @@ class Trial:
 
 
 class FolderReport(EvalReport):
-    """An EvalReport whose rows are trials."""
+    """An EvalReport whose rows are trials (no halves or kinds of question)."""
 
     COUNTED = "trials"
+
+    def summary(self) -> list[dict]:
+        return summarise(self.rows, [m["name"] for m in self.config["modes"]], self.COUNTED)
 
 
 def cut_documents(manuals: list[list[PageText]], n_docs: int, doc_tokens: int) -> list[tuple[str, str]]:
@@ -202,7 +205,8 @@ def ask_trial(session: Session, backend, params, mode: EvalMode, trial: Trial, d
     try:
         page = fact_page(session.store, planted_id, fact)
         result = answer(session.store, backend, fact.question, doc_ids, params,
-                        model_name=session.model_path.name, save=False, progress=ReadingLines(progress))
+                        model_name=session.model_path.name, save=False, progress=ReadingLines(progress),
+                        options=mode.options())
     except (AskError, ValueError) as e:
         return trial_row(mode, trial, docs, -1, {"error": str(e), "total_s": round(time.perf_counter() - t0, 3)})
     cited, attended = pointed_pages(result, planted_id)

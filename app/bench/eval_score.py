@@ -1,11 +1,15 @@
-"""Scoring one answer of the question set: is it right, does it point at the right page, did
+"""Scoring one answer of the question set: is it right, does it point at the right pages, did
 it read the whole document.
 
-* right: one of the accepted phrases occurs in the answer, both normalised the same way
-  (Unicode NFKC, case folded, runs of whitespace made one space), so "DPKG  -i" matches "dpkg -i";
-* cited: a page the answer cites (``Answer.citations``) or attended to (``Answer.attended``,
-  blocked cache only) is the answer's page or its neighbour: a fact printed at the foot of a
-  page is often read as the head of the next;
+* right, strictly: every part of the question has one of its accepted phrases in the answer
+  (a single-page question has one part), and the answer names none of the question's ``wrong``
+  candidates (an answer listing several candidates is not an answer); phrases compared
+  normalised the same way (Unicode NFKC, case folded, runs of whitespace made one space), so
+  "DPKG  -i" matches "dpkg -i"; the answer's page citations ("[p. 15]") are not read, and a
+  number must stand alone ("150" does not answer "15");
+* cited: for every page of the question, a page the answer cites (``Answer.citations``) or
+  attended to (``Answer.attended``, blocked cache only) is that page or its neighbour: a fact
+  printed at the foot of a page is often read as the head of the next;
 * whole: the answer's context held every page of the document, not a relevance selection
   (``ContextPlan``).
 """
@@ -14,8 +18,10 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from app.qa.answer import Answer
+if TYPE_CHECKING:   # the scorer reads answers; importing the answer service would load the engine
+    from app.qa.answer import Answer
 
 PAGE_SLACK = 1   # a cited page this far from the answer's page still counts
 
@@ -24,9 +30,26 @@ def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
+_CITATION = re.compile(r"\[(?:p|pp|page|pages)\.?\s*[\d\s,–-]*\]", re.IGNORECASE)
+_NUMBER = re.compile(r"[\d.,]+")
+
+
 def answer_right(text: str, phrases) -> bool:
-    said = normalise(text)
-    return any(normalise(p) in said for p in phrases if normalise(p))
+    """One of ``phrases`` occurs in ``text`` (normalised), not counting its page citations
+    ("[p. 15]" does not answer "15"); a number must stand alone ("150" and "2015" are not "15")."""
+    said = normalise(_CITATION.sub(" ", text))
+    return any(_occurs(normalise(p), said) for p in phrases if normalise(p))
+
+
+def _occurs(phrase: str, said: str) -> bool:
+    if not _NUMBER.fullmatch(phrase):
+        return phrase in said
+    return re.search(rf"(?<![\d.]){re.escape(phrase)}(?!\.?\d)", said) is not None
+
+
+def strictly_right(text: str, parts, wrong=()) -> bool:
+    """Every part answered and no wrong candidate named."""
+    return all(answer_right(text, part) for part in parts) and not answer_right(text, wrong)
 
 
 def pointed_pages(result: Answer, doc_id: int) -> tuple[list[int], list[int]]:
@@ -36,9 +59,11 @@ def pointed_pages(result: Answer, doc_id: int) -> tuple[list[int], list[int]]:
     return cited, attended
 
 
-def citation_right(result: Answer, doc_id: int, page: int) -> bool:
+def citation_right(result: Answer, doc_id: int, pages) -> bool:
+    """Every page of ``pages`` (or the one page) pointed at, give or take PAGE_SLACK."""
     cited, attended = pointed_pages(result, doc_id)
-    return any(abs(p - page) <= PAGE_SLACK for p in cited + attended)
+    wanted = [pages] if isinstance(pages, int) else list(pages)
+    return all(any(abs(p - page) <= PAGE_SLACK for p in cited + attended) for page in wanted)
 
 
 def read_whole(result: Answer, doc_id: int) -> bool:
@@ -57,7 +82,9 @@ class Score:
     attended_pages: list[int]
 
 
-def score(result: Answer, doc_id: int, phrases, page: int) -> Score:
+def score(result: Answer, doc_id: int, question) -> Score:
+    """The score of ``result`` for ``question`` (an EvalQuestion) about ``doc_id``."""
     cited, attended = pointed_pages(result, doc_id)
-    return Score(right=answer_right(result.answer, phrases), cited=citation_right(result, doc_id, page),
+    return Score(right=strictly_right(result.answer, question.parts, question.wrong),
+                 cited=citation_right(result, doc_id, question.pages),
                  whole=read_whole(result, doc_id), cited_pages=cited, attended_pages=attended)

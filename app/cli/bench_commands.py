@@ -216,7 +216,8 @@ def cmd_eval(ctx: Context) -> int:
 
     from app.bench.eval_docs import EvalDocError, cache_dir, document_files
     from app.bench.eval_folder import FolderTrials, format_folder_table, run_folder_trials
-    from app.bench.eval_run import EvalConfig, find_mode, format_table, run_eval
+    from app.bench.eval_run import (BASELINES, DEFAULT_MODES, FOLDER_MODES, MODE_NAMES, EvalConfig, find_mode,
+                                    format_table, run_eval)
     from app.bench.eval_set import QuestionSetError, load_question_set
     from app.qa.answer import AskError
     from app.runtime.model_files import ModelError, resolve_model
@@ -224,17 +225,22 @@ def cmd_eval(ctx: Context) -> int:
 
     a = ctx.args
     try:
-        modes = tuple(find_mode(m) for m in comma_list(a.modes or "defaults,dense,rag8k"))
+        default = FOLDER_MODES if a.folder_trials else DEFAULT_MODES
+        modes = tuple(find_mode(m) for m in comma_list(a.modes or ",".join(default)))
     except ValueError as e:
         raise CliError(f"--modes: {e}") from e
     if not modes:
-        raise CliError("--modes takes defaults, dense, rag8k separated by commas")
+        raise CliError(f"--modes takes {', '.join(MODE_NAMES)} separated by commas")
+    baselines = [m.name for m in modes if m.source in BASELINES]
+    if a.folder_trials and baselines:
+        raise CliError(f"--folder-trials asks across a folder through the answer service: {', '.join(baselines)} "
+                       f"answer one document only")
     if a.limit is not None and a.limit < 1:
         raise CliError(f"--limit must be at least 1, not {a.limit}")
     if a.folder_trials < 0 or a.folder_docs < 2 or a.folder_doc_tokens < 256:
         raise CliError("--folder-trials takes a count, --folder-docs at least 2, --folder-doc-tokens at least 256")
     try:
-        questions = load_question_set(a.questions).only(a.doc).limited(a.limit)
+        questions = load_question_set(a.questions).half(a.half).only(a.doc).limited(a.limit)
         files = document_files(questions, cache_dir(a.docs_dir))
         # The model is the product's choice (its data directory's default) unless --model says.
         model = resolve_model(a.model or "", Paths.resolve(None).models_dir)

@@ -73,7 +73,7 @@ def ask_target(ctx: Context):
 
 
 def cmd_ask(ctx: Context) -> int:
-    from app.qa.answer import AskError, answer
+    from app.qa.answer import AUTO, DOCUMENT, FROM_PASSAGES, AnswerOptions, AskError, answer
 
     target = ask_target(ctx)
     backend = ctx.backend(ctx.session.doc_tokens(target.doc_ids))
@@ -87,9 +87,10 @@ def cmd_ask(ctx: Context) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
+    options = AnswerOptions(source=DOCUMENT if ctx.args.whole else AUTO)
     try:
         result = answer(ctx.store, backend, ctx.args.question, list(target.doc_ids), params,
-                        model_name=ctx.model_path.name, on_text=show, progress=ProgressLine("ask"))
+                        model_name=ctx.model_path.name, on_text=show, progress=ProgressLine("ask"), options=options)
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     if ctx.json:
@@ -99,6 +100,8 @@ def cmd_ask(ctx: Context) -> int:
     for note in (result.plan.note, result.note):
         if note:
             print(f"\nNote: {note}")
+    if result.answered_from == FROM_PASSAGES:
+        print("(`ellm read` reads the documents for the next questions; `ellm ask --whole` waits for the reading)")
     titles = {d["id"]: d["title"] for d in ctx.store.documents()}
     if result.citations:
         print("\nSources:")

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine_opts(p)
     p.add_argument("--max-tokens", type=int, default=None, metavar="N")
     p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
+    p.add_argument("--whole", action="store_true",
+                   help="answer from the whole documents, reading them first if they are not read yet "
+                        "(default: a document not read yet is answered at once from its best passages)")
     kv_opts(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_ask)
@@ -202,12 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="answer quality on a question set: right, cited, whole document, seconds, per mode")
     p.add_argument("questions", metavar="QUESTIONS.json", help="the question set (tests/data/eval/questions.json)")
     p.add_argument("--modes", default=None, metavar="MODE[,MODE...]",
-                   help="comma-separated: defaults, dense, rag8k (default: all three)")
+                   help="comma-separated modes (README, \"Measuring answer quality\"; default: the comparison the "
+                        "README's table shows)")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder (default: the default model)")
     p.add_argument("--engine", choices=ENGINES, default=None,
                    help="engine for the modes that do not choose one (default: settings, auto)")
     p.add_argument("--threads", type=int, default=None, metavar="N")
     p.add_argument("--doc", action="append", metavar="NAME", help="only this document (file name; repeat for several)")
+    p.add_argument("--half", default=None, metavar="HALF",
+                   help="only the documents of this half of the set: tuning or held-out (default: both)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N questions of each document")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="answer tokens (default 160)")
     p.add_argument("--docs-dir", default=None, metavar="DIR",

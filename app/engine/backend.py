@@ -111,6 +111,7 @@ class Capabilities:
     composes: bool = False         # lays several prefixes' caches side by side in one context
     attended_blocks: bool = False  # reports the blocks an answer attended to (citations)
     focus: bool = False            # the next answer can be told to read given passages (``focus``)
+    beside: bool = False           # lays copies of cached passages after the prefix, nearest the question
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,14 @@ class Backend(Protocol):
         """The next generation's answer also reads the cached tokens [start, end) of each range,
         whatever its attention chooses (passages a relevance ranking found); only where
         ``capabilities.focus``."""
+        ...
+
+    def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
+        """After the prefix the cache holds, copies of the cached tokens of ``ranges`` (passages a
+        relevance ranking found), in document order, as many as fit ``room`` tokens: the
+        passages again next to the question, without computing them again. Returns the tokens
+        the copies spell: the next prompt continues the prefix with them. Only where
+        ``capabilities.beside``."""
         ...
 
     def close(self) -> None: ...

@@ -64,8 +64,9 @@ class EllmBackend:
         self.state = AttentionState(self._reading()) if self.blocked else None
         self.capabilities = Capabilities(prefix_files=self.blocked, composes=self.blocked,
                                          attended_blocks=self.blocked,
-                                         focus=self.blocked and self.attention.mode != "dense")
+                                         focus=self.blocked and self.attention.mode != "dense", beside=self.blocked)
         self._focus = np.zeros(0, np.int64)           # (F,) blocks the next answer reads besides
+        self._copies: dict[int, int] = {}             # block laid beside the question -> the block it copies
         self.prefix_multiple = self.kv_spec.block if self.blocked else 1
         self.prefill_chunk = prefill_chunk
         self.stats = GenerationStats()
@@ -101,6 +102,8 @@ class EllmBackend:
         until an end-of-generation token, max_tokens, a full context, or ``cancel()``."""
         prompt = [int(t) for t in prompt]
         focus, self._focus = self._focus, np.zeros(0, np.int64)     # told for this answer only
+        if self._copies and self.cache.common_prefix(prompt) < (max(self._copies) + 1) * self.kv_spec.block:
+            self._copies = {}                                        # this prompt does not keep them
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         if len(prompt) >= self.n_ctx:
@@ -211,6 +214,7 @@ class EllmBackend:
         tokens = [int(t) for t in tokens]
         _apply_threads(self._thread_plan)
         cache = self.cache
+        self._copies = {}
         if self.blocked:
             self.state.start_question(None)      # a document prefix has no question to observe
         if cache.n_tokens >= len(tokens) and cache.common_prefix(tokens) == len(tokens):
@@ -293,6 +297,7 @@ class EllmBackend:
             raise ValueError("only the blocked KV cache lays several documents side by side")
         cache = self.cache
         cache.clear()
+        self._copies = {}
         sizes = [_checked(f, lambda f: kv_files.read_header(f.path)["n_tokens"]) for f in files]
         self.reserve(sum(sizes) - skip * (len(files) - 1) + room)
         offsets = []
@@ -313,6 +318,26 @@ class EllmBackend:
         b = self.kv_spec.block
         blocks = [b0 for s, e in ranges if e > s for b0 in range(s // b, -(-e // b))]
         self._focus = np.array(list(dict.fromkeys(blocks)), np.int64)   # (F,) best passage first
+
+    def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
+        """Copies of the blocks holding ``ranges`` after the prefix the cache holds (a whole number
+        of blocks: prefixes are padded to them), in document order, as many as ``room`` tokens
+        hold, best range first; checkpointed after them, so the question's observed tokens start
+        there. Their attention mass counts for the blocks they copy (``attended_blocks``)."""
+        if not self.capabilities.beside:
+            return []
+        cache, b = self.cache, self.kv_spec.block
+        n_full = cache.n_tokens // b
+        if cache.n_tokens % b or cache.checkpoint is None or cache.checkpoint.n_tokens != cache.n_tokens:
+            return []           # the cache does not end with a prefix (ensure_prefix, compose) to follow
+        wanted = [i for s, e in ranges if e > s for i in range(s // b, -(-e // b)) if i < n_full]
+        chosen = sorted(list(dict.fromkeys(wanted))[:max(0, room) // b])
+        if not chosen:
+            return []
+        cache.copy_blocks(chosen)
+        cache.set_checkpoint()
+        self._copies = {n_full + k: i for k, i in enumerate(chosen)}
+        return list(cache.tokens[n_full * b:])
 
     def reserve(self, n_ctx: int) -> None:
         """Hold at least ``n_ctx`` tokens (a question over many documents' caches). Past the
@@ -343,7 +368,11 @@ class EllmBackend:
         f16 cache."""
         if not self.blocked:
             return []
-        mass = self.state.block_mass
+        mass = self.state.block_mass.copy()                   # (NB,) float64
+        for copy, block in self._copies.items():               # a copy's mass is its block's
+            if copy < mass.shape[0]:
+                mass[block] += mass[copy]
+                mass[copy] = 0.0
         total = float(mass.sum())
         if total <= 0:
             return []
@@ -355,6 +384,7 @@ class EllmBackend:
     def reset(self) -> None:
         """Forget the cached prompt (the next generate prefills everything)."""
         self.cache.clear()
+        self._copies = {}
 
     def close(self) -> None:
         self.cache = None

@@ -282,5 +282,8 @@ class LlamaCppBackend:
     def focus(self, ranges: Sequence[tuple[int, int]]) -> None:
         pass      # dense attention reads every cached token anyway
 
+    def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
+        return []  # llama.cpp's cache holds no blocks to copy (capabilities.beside is False)
+
     def close(self) -> None:
         self.llm.close()

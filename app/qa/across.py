@@ -94,10 +94,11 @@ def fit(store: Store, backend: Backend, question: str, parts: list[Part],
 
 
 def compose(backend: Backend, caches: DocCaches, parts: list[Part], cancel: Callable[[], bool] | None,
-            retry: bool = True) -> list[int]:
+            room: int = 0, retry: bool = True) -> list[int]:
     """Lay the documents' caches one after another in the backend's cache: the first file
-    whole, then each other document without its header (the same tokens, already there).
-    Returns each document's first token. A file that fails its checks is rebuilt, once."""
+    whole, then each other document without its header (the same tokens, already there), with
+    ``room`` tokens to spare besides the question and the answer. Returns each document's first
+    token. A file that fails its checks is rebuilt, once."""
     files = []
     for p in parts:
         found = caches.registered(backend, p.doc_id, p.prefix)
@@ -109,10 +110,10 @@ def compose(backend: Backend, caches: DocCaches, parts: list[Part], cancel: Call
         files.append(found)
     header = len(parts[0].prompt.header)
     try:
-        return backend.compose(files, skip=header, room=len(parts[-1].prompt.suffix) + ROOM)
+        return backend.compose(files, skip=header, room=len(parts[-1].prompt.suffix) + ROOM + room)
     except CacheFileError as e:
         bad = next((p for p, f in zip(parts, files) if f.path == e.path), None)
         if not retry or bad is None:
             raise ComposeError(f"{bad.title if bad else 'a document'}: {e}") from e
         caches.forget(backend, bad.doc_id, bad.prefix)
-        return compose(backend, caches, parts, cancel, retry=False)
+        return compose(backend, caches, parts, cancel, room, retry=False)

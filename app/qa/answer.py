@@ -1,14 +1,20 @@
 """The answer service: one question about one document, several, a folder or everything.
 
 The command line (``ellm ask``) and the window both call ``answer``. A question is answered in
-one generation:
+one generation, from what its documents offer now (``AnswerOptions.source``):
 
-* over several documents on a backend that composes prefix caches (eLLM's blocked cache), each
-  document's prefix cache is laid beside the others' and the question read across all of them
-  (qa/across.py);
-* otherwise in one context: the documents' pages with page markers (qa/prompt.py), all of them
-  when they fit, else the pages most relevant to the question (qa/pages.py), and the answer says
-  so. A single document's prefix cache is reused from memory or its file (qa/doc_cache.py).
+* a document that is read (its prefix cache is in memory or in its file, qa/doc_cache.py), or
+  small enough to read at once, is answered from the whole of it: over several documents on a
+  backend that composes prefix caches (eLLM's blocked cache), each document's prefix cache is
+  laid beside the others' and the question read across all of them (qa/across.py); otherwise in
+  one context, the documents' pages with page markers (qa/prompt.py), all of them when they fit,
+  else the pages most relevant to the question (qa/pages.py), and the answer says so. The
+  passages retrieval ranks best are shown to the model again beside the question
+  (``beside``, qa/retrieval.py);
+* a document that is not read yet is answered at once from those passages alone, and the answer
+  says so (``answered_from`` "passages"): reading a whole manual takes minutes, the passages
+  seconds. Reading it (``ellm read``, the window's reading ahead, ``source`` "document") makes
+  the next question use the whole document.
 
 Either way the answer streams; with sparse attention it also reads the passages that BM25 ranks
 best for the question (qa/focus.py). Its citations are the pages it relied on (qa/citations.py)
@@ -23,7 +29,7 @@ reports its tokens read of total and the time left.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from app.engine.backend import Backend, GenerationStats, SamplingParams, stream_text
@@ -32,14 +38,50 @@ from app.qa.attended import attended_passages
 from app.qa.citations import cite
 from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.qa.focus import focus_ranges
-from app.qa.pages import TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, plan_context, token_counter
-from app.qa.prompt import SYSTEM_PROMPT, Prompt, build_prompt
+from app.qa.pages import (TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, page_ranges, plan_context,
+                          token_counter)
+from app.qa.prompt import BESIDE_LEAD, SYSTEM_PROMPT, Prompt, build_prompt, question_suffix
+from app.qa.retrieval import PASSAGES, best_passages, fitted, passage_pages
 from app.qa.spans import PromptLayout
+from app.runtime.auto import ANSWER_FLOOR, BESIDE_ROOM
 from app.store import Store
+
+AUTO, DOCUMENT, FROM_PASSAGES = "auto", "document", "passages"
+SOURCES = (AUTO, DOCUMENT, FROM_PASSAGES)
+READ_AT_ONCE = 2048   # a document prefix this short is read for its first question: about the passages' cost
+BESIDE = "blocks"     # how a read document's answer sees the best passages again (AnswerOptions.beside)
+BESIDE_MODES = ("blocks", "text", "none")
+BESIDE_SPARE = 16     # tokens the passages beside leave free (their lead, tokens merging at the seams)
 
 
 class AskError(Exception):
     """A question that cannot be answered as asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """What a question is answered from.
+
+    source   "auto": the whole documents where they are read (or short), else the passages
+             retrieval ranks best, at once; "document": the whole documents, read now if they are
+             not (``ellm ask --whole``, summaries, batches); "passages": the passages only.
+    beside   how an answer from whole documents sees those passages again, just before the
+             question: "blocks", copies of their cached blocks (no prefill: engine/kv/blocked.py
+             ``copy_blocks``; as "text" where the backend has no blocks); "text", their text
+             after the documents; "none".
+    passages how many passages (qa/retrieval.py)."""
+
+    source: str = AUTO
+    beside: str = BESIDE
+    passages: int = PASSAGES
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"source must be one of {', '.join(SOURCES)}, not {self.source!r}")
+        if self.beside not in BESIDE_MODES:
+            raise ValueError(f"beside must be one of {', '.join(BESIDE_MODES)}, not {self.beside!r}")
+        if self.passages < 1:
+            raise ValueError("passages must be at least 1")
 
 
 @dataclass
@@ -57,6 +99,7 @@ class Answer:
     attended: list[dict] = field(default_factory=list)   # passages attended to (blocked cache only)
     considered: list[dict] | None = None  # several documents in one context: the ones read
     note: str = ""                        # why some of the documents asked about were left out
+    answered_from: str = DOCUMENT         # "document" (whole, or its most relevant pages) | "passages"
 
     @property
     def notes(self) -> str:
@@ -67,9 +110,9 @@ class Answer:
         d = {"answer": self.answer, "citations": self.citations, "timings": self.timings,
              "engine": self.engine, "model": self.model, "documents": self.doc_ids,
              "context": self.plan.as_dict(), "cancelled": self.cancelled, "answer_id": self.answer_id,
-             "attended": self.attended}
+             "attended": self.attended, "answered_from": self.answered_from, "note": self.note}
         if self.considered is not None:
-            d.update(considered=self.considered, note=self.note)
+            d.update(considered=self.considered)
         return d
 
 
@@ -108,6 +151,10 @@ class ReadingProgress:
         return text
 
 
+def _titles(titles) -> str:
+    return "; ".join(titles[:3]) + (f" and {len(titles) - 3} more" if len(titles) > 3 else "")
+
+
 def _duration(seconds: float) -> str:
     if seconds < 60:
         return f"{max(1, round(seconds))} s"
@@ -119,18 +166,26 @@ def _duration(seconds: float) -> str:
 def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], params: SamplingParams,
            model_name: str = "", on_text: TextSink | None = None, on_stats: StatsSink | None = None,
            cancel: Callable[[], bool] | None = None, progress: ProgressSink | None = None,
-           save: bool = True, memory_budget: int | None = None, caches: DocCaches | None = None) -> Answer:
-    """Answer ``question`` about ``doc_ids`` in one generation. ``on_text`` receives the answer
-    as it streams, ``on_stats`` the engine's statistics with each piece (tokens/s, bytes read),
-    ``progress(done, total, line)`` a document being read into its cache (tokens read of total,
-    time left); ``cancel`` stops it."""
+           save: bool = True, memory_budget: int | None = None, caches: DocCaches | None = None,
+           options: AnswerOptions = AnswerOptions()) -> Answer:
+    """Answer ``question`` about ``doc_ids`` in one generation, from what ``options`` says.
+    ``on_text`` receives the answer as it streams, ``on_stats`` the engine's statistics with
+    each piece (tokens/s, bytes read), ``progress(done, total, line)`` a document being read
+    into its cache (tokens read of total, time left); ``cancel`` stops it."""
     question = question.strip()
     if not question:
         raise AskError("the question is empty")
     if not doc_ids:
         raise AskError("no documents to ask: ingest some first (`ellm ingest FOLDER`)")
     caches = caches or DocCaches(store, store_cache_dir(store))
-    job = _Job(store, backend, question, params, model_name, on_text, on_stats, cancel, progress, caches, save)
+    job = _Job(store, backend, question, params, model_name, on_text, on_stats, cancel, progress, caches, options,
+               save)
+    if options.source == FROM_PASSAGES:
+        return job.from_passages(doc_ids)
+    if options.source == AUTO:
+        unread = job.unread(doc_ids)
+        if unread:
+            return job.from_passages(doc_ids, unread)
     if len(doc_ids) > 1 and backend.capabilities.composes:
         return job.across(doc_ids, memory_budget)
     return job.in_one_context(doc_ids)
@@ -150,8 +205,94 @@ class _Job:
     cancel: Callable[[], bool] | None
     progress: ProgressSink | None
     caches: DocCaches
+    options: AnswerOptions
     save: bool = True
     t_start: float = field(default_factory=time.perf_counter)
+
+    def unread(self, doc_ids: list[int]) -> list[str]:
+        """The titles of the documents an answer from the whole of them would have to read first:
+        neither held by the backend (memory or cache file) nor short enough to read at once
+        (READ_AT_ONCE), and whose whole text fits the context (one that does not is answered
+        from its most relevant pages, qa/pages.py, which reading would not change). None on a
+        backend that keeps no prefix files (llama.cpp, Gemma 3's dense cache): nothing read stays
+        read there, so every question reads its documents, as it always has."""
+        if not self.backend.capabilities.prefix_files:
+            return []           # nothing stays read on this backend: every question reads its documents
+        count = token_counter(self.backend)
+        reserve = min(self.params.max_tokens, ANSWER_FLOOR)
+        unread = []
+        for doc_id in doc_ids:
+            pages = load_pages(self.store, [doc_id], count)
+            if not pages:
+                continue
+            prefix = build_prompt(self.backend, "", format_pages(pages)).prefix
+            if len(prefix) <= READ_AT_ONCE or len(prefix) + reserve >= self.backend.n_ctx:
+                continue
+            if self.backend.cached_tokens(0, len(prefix)) == prefix or self.caches.registered(self.backend, doc_id,
+                                                                                             prefix):
+                continue
+            unread.append(pages[0].title)
+        return unread
+
+    def from_passages(self, doc_ids: list[int], unread: list[str] = ()) -> Answer:
+        """The passages retrieval ranks best, in one short prompt: an answer in seconds, before
+        (or instead of) reading the documents. ``unread``: the titles not read yet, for the note."""
+        backend, params = self.backend, self.params
+        count = token_counter(backend)
+        docs = [self.store.document(d) or {} for d in doc_ids]
+        if not any(d.get("pages") for d in docs):
+            raise AskError(f"{'the document has' if len(docs) == 1 else 'none of the documents has'} no text in the "
+                           f"store; ingest it again (see `ellm docs` for its status)")
+        passages = best_passages(self.store, doc_ids, self.question, self.options.passages)
+        if not passages:
+            raise AskError("no passage of the documents shares a word with the question: ask it in the "
+                           "documents' own words, or ask again once they are read (`ellm read`, the window's "
+                           "reading ahead, `ellm ask --whole`)")
+        budget = backend.n_ctx - params.max_tokens
+        prompt_size = lambda pages: len(build_prompt(backend, self.question, format_pages(pages)).tokens)  # noqa: E731
+        pages = fitted(passage_pages(passages, count, doc_ids), budget, passages, prompt_size)
+        if not pages:
+            raise AskError(f"the context of {backend.n_ctx} tokens leaves no room for a passage after the question "
+                           f"and {params.max_tokens} answer tokens; raise the context length or lower max tokens")
+        plan = ContextPlan(pages=pages, doc_tokens=sum(int(d.get("tokens") or 0) for d in docs),
+                           used_tokens=sum(p.tokens for p in pages), budget=budget,
+                           total_pages=sum(int(d.get("pages") or 0) for d in docs), passages=True)
+        prompt = build_prompt(backend, self.question, format_pages(pages))
+        stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
+        text = stream.run(prompt.tokens)
+        result = self._finish(text, stream, stream.timings(kv_cache="none"), plan, list(doc_ids),
+                              PromptLayout(backend, []), keep=False)
+        result.answered_from = FROM_PASSAGES
+        n = sum(1 for p in passages if any(p.doc_id == pg.doc_id and p.page == pg.number for pg in pages))
+        result.note = f"Answered from {n} passages ({page_ranges(pages)})" + (
+            f": {_titles(unread)} {'is' if len(unread) == 1 else 'are'} not read yet; once read, questions see "
+            f"the whole text." if unread else ".")
+        self._save(result)
+        return result
+
+    @property
+    def beside_mode(self) -> str:
+        """AnswerOptions.beside as this backend can do it: "blocks" needs a blocked cache, else
+        the passages go beside the question as text."""
+        mode = self.options.beside
+        return "text" if mode == "blocks" and not self.backend.capabilities.beside else mode
+
+    def beside_blocks(self, layout: PromptLayout, room: int) -> list[int]:
+        """With "blocks": copies of the cached blocks that hold the best passages, laid after the
+        document prefix the backend holds now; the tokens they spell (empty otherwise)."""
+        if self.beside_mode != "blocks" or room <= 0:
+            return []
+        return self.backend.beside(focus_ranges(self.store, self.question, layout, self.options.passages), room)
+
+    def beside_text(self, doc_ids: list[int], room: int) -> str:
+        """With "text": the best passages as pages with markers, within ``room`` tokens, to be
+        shown again after whole documents ("" otherwise, or when nothing matches)."""
+        if self.beside_mode != "text" or room <= 0:
+            return ""
+        count = token_counter(self.backend)
+        passages = best_passages(self.store, doc_ids, self.question, self.options.passages)
+        laid_out = lambda pages: count(BESIDE_LEAD + format_pages(pages))  # noqa: E731
+        return format_pages(fitted(passage_pages(passages, count, doc_ids), room, passages, laid_out))
 
     def in_one_context(self, doc_ids: list[int]) -> Answer:
         """The documents' pages in one prompt: whole when they fit, else the most relevant."""
@@ -161,18 +302,29 @@ class _Job:
         if not pages:
             raise AskError("the document has no text in the store; ingest it again (see `ellm docs` for its status)")
         fixed = count(SYSTEM_PROMPT) + count(self.question) + TEMPLATE_OVERHEAD
-        budget = backend.n_ctx - params.max_tokens - fixed
+        # A whole document that fits with a short answer stays whole, its answer capped by what the
+        # context leaves (runtime/auto.py keeps such a document inside the trained window, read once:
+        # a longer answer must not turn it into a selection of pages, another prefix to read).
+        reserve = min(params.max_tokens, ANSWER_FLOOR)
+        if sum(p.tokens for p in pages) > backend.n_ctx - reserve - fixed:
+            reserve = params.max_tokens
+        budget = backend.n_ctx - reserve - fixed
         if budget < 64:
             raise AskError(f"the context of {backend.n_ctx} tokens leaves no room for the document after the "
                            f"question and {params.max_tokens} answer tokens; raise the context length or lower "
                            f"max tokens")
         plan = plan_context(self.store, pages, budget, self.question)
         prompt = build_prompt(backend, self.question, format_pages(plan.pages))
-        if len(prompt.tokens) + params.max_tokens > backend.n_ctx:  # page estimates were low: drop pages until it fits
-            while plan.pages and len(prompt.tokens) + params.max_tokens > backend.n_ctx:
+        if len(prompt.tokens) + reserve > backend.n_ctx:  # page estimates were low: drop pages until it fits
+            while plan.pages and len(prompt.tokens) + reserve > backend.n_ctx:
                 plan.pages.pop()
                 prompt = build_prompt(backend, self.question, format_pages(plan.pages))
             plan.used_tokens = sum(p.tokens for p in plan.pages)
+        params = replace(params, max_tokens=min(params.max_tokens, backend.n_ctx - len(prompt.tokens)))
+        room = backend.n_ctx - len(prompt.tokens) - params.max_tokens - BESIDE_SPARE
+        beside = self.beside_text(doc_ids, room)
+        if beside:
+            prompt = build_prompt(backend, self.question, format_pages(plan.pages), beside)
         stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
         t_prefix = time.perf_counter()
         single = doc_ids[0] if len(doc_ids) == 1 else None
@@ -184,8 +336,8 @@ class _Job:
         text = ""
         if status is not None:
             self._focus(layout)
-            text = stream.run(prompt.tokens)
-        timings = self._timings(stream, kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
+            text = stream.run(prompt.prefix + self.beside_blocks(layout, room) + prompt.suffix)
+        timings = stream.timings(kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         return self._finish(text, stream, timings, plan, list(doc_ids), layout)
 
     def across(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
@@ -212,7 +364,8 @@ class _Job:
             statuses.append(status)
         t_compose = time.perf_counter()
         try:
-            offsets = across.compose(backend, self.caches, considered, stream.stop_now)
+            offsets = across.compose(backend, self.caches, considered, stream.stop_now,
+                                     room=0 if self.options.beside == "none" else BESIDE_ROOM)
         except across.ComposeError as e:
             raise AskError(str(e)) from e
         compose_s = time.perf_counter() - t_compose
@@ -222,8 +375,14 @@ class _Job:
                      for off, p in zip(offsets[1:], considered[1:])]
         layout = PromptLayout(backend, segments)
         self._focus(layout)
-        text = stream.run(first.prefix + [t for p in considered[1:] for t in p.prompt.doc] + first.suffix)
-        timings = self._timings(stream, kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
+        composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
+        suffix = first.suffix
+        room = backend.n_ctx - len(composed) - len(suffix) - self.params.max_tokens - BESIDE_SPARE
+        beside = self.beside_text([p.doc_id for p in considered], room)
+        if beside:
+            suffix = question_suffix(backend, self.question, beside)
+        text = stream.run(composed + self.beside_blocks(layout, room) + suffix)
+        timings = stream.timings(kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
                                 compose_s=round(compose_s, 4))
         pages = [pg for p in considered for pg in p.pages]
         plan = ContextPlan(pages=pages, doc_tokens=sum(len(p.prefix) for p in parts),
@@ -241,15 +400,6 @@ class _Job:
         """Sparse attention: the answer also reads the passages BM25 ranks best (qa/focus.py)."""
         if self.backend.capabilities.focus:
             self.backend.focus(focus_ranges(self.store, self.question, layout))
-
-    def _timings(self, stream: AnswerStream, **parts) -> dict:
-        timings = self.backend.stats.as_dict()
-        # The engine's ttft counts from its own prefill; a person waits from the question.
-        timings["engine_ttft_s"] = timings.pop("ttft_s", 0.0)
-        timings.update(parts)
-        timings["ttft_s"] = timings["first_token_s"] = round(stream.first_token_s or 0.0, 4)
-        timings["total_s"] = round(time.perf_counter() - self.t_start, 3)
-        return timings
 
     def _finish(self, text: str, stream: AnswerStream, timings: dict, plan: ContextPlan, doc_ids: list[int],
                 layout: PromptLayout, keep: bool = True) -> Answer:
@@ -294,6 +444,17 @@ class AnswerStream:
             self.cancelled = True
         return self.cancelled
 
+    def timings(self, **parts) -> dict:
+        """The engine's statistics of the answer, with ``parts`` (seconds of its stages) and the
+        time a person waited: to the first token and in all, from ``t_start``."""
+        timings = self.backend.stats.as_dict()
+        # The engine's ttft counts from its own prefill; a person waits from the question.
+        timings["engine_ttft_s"] = timings.pop("ttft_s", 0.0)
+        timings.update(parts)
+        timings["ttft_s"] = timings["first_token_s"] = round(self.first_token_s or 0.0, 4)
+        timings["total_s"] = round(time.perf_counter() - self.t_start, 3)
+        return timings
+
     def run(self, tokens: list[int]) -> str:
         pieces = []
         for piece in stream_text(self.backend, self.backend.generate(tokens, self.params, self.stop_now),
@@ -308,4 +469,5 @@ class AnswerStream:
         return "".join(pieces).strip()
 
 
-__all__ = ["Answer", "AnswerStream", "AskError", "Prompt", "answer"]
+__all__ = ["AUTO", "DOCUMENT", "FROM_PASSAGES", "Answer", "AnswerOptions", "AnswerStream", "AskError", "Prompt",
+           "answer"]

@@ -31,14 +31,16 @@ class ContextPlan:
     used_tokens: int = 0  # tokens of the pages in the prompt
     budget: int = 0
     total_pages: int = 0
+    passages: bool = False   # the pages hold passages retrieval chose, not whole pages (qa/retrieval.py)
 
     @property
     def truncated(self) -> bool:
-        return len(self.pages) < self.total_pages
+        return self.passages or len(self.pages) < self.total_pages
 
     @property
     def note(self) -> str:
-        if not self.truncated:
+        """Why not every page was read (the answer's own note says it of passages)."""
+        if not self.truncated or self.passages:
             return ""
         return (f"The document{'s have' if len({p.doc_id for p in self.pages}) > 1 else ' has'} "
                 f"{self.doc_tokens} tokens but the context holds {self.budget} for it: "

@@ -26,6 +26,7 @@ def build_messages(question: str, context_text: str) -> list[dict]:
 
 
 QUESTION_LEAD = "\n\nQuestion: "
+BESIDE_LEAD = "\n\nThe passages most relevant to the question, again:\n\n"
 _DOCS = "\u27e6documents\u27e7"
 _SLOT = "\u27e6question\u27e7"
 
@@ -69,14 +70,27 @@ def _padded(backend, tokens: list[int], text: str, front: bool = False) -> tuple
     return (pad + tokens, pad_text + text) if front else (tokens + pad, text + pad_text)
 
 
-def build_prompt(backend, question: str, context_text: str) -> Prompt:
-    """The prompt of ``question`` about ``context_text`` (pages with markers). The pages are
-    tokenized without special tokens: a document cannot smuggle in chat markup."""
+def build_prompt(backend, question: str, context_text: str, beside: str = "") -> Prompt:
+    """The prompt of ``question`` about ``context_text`` (pages with markers); ``beside``:
+    passages (pages with markers) shown again between the pages and the question, in the
+    question's part. Document text is tokenized without special tokens: a document cannot
+    smuggle in chat markup."""
     rendered = backend.apply_chat_template(build_messages(_SLOT, _DOCS))
     cut = rendered.index(_DOCS)
     header_text, rest = rendered[:cut], rendered[cut + len(_DOCS):]
     header, header_text = _padded(backend, backend.tokenize(header_text, add_bos=True, special=True), header_text)
     doc, doc_text = _padded(backend, backend.tokenize(context_text, add_bos=False, special=False), context_text,
                             front=True)
-    suffix = backend.tokenize(rest.replace(_SLOT, question), add_bos=False, special=True)
-    return Prompt(header, doc, suffix, header_text, doc_text)
+    return Prompt(header, doc, _suffix(backend, rest, question, beside), header_text, doc_text)
+
+
+def question_suffix(backend, question: str, beside: str = "") -> list[int]:
+    """The tokens after a document prefix: ``beside`` (as in build_prompt), the question and the
+    end of the user turn."""
+    rendered = backend.apply_chat_template(build_messages(_SLOT, _DOCS))
+    return _suffix(backend, rendered[rendered.index(_DOCS) + len(_DOCS):], question, beside)
+
+
+def _suffix(backend, rest: str, question: str, beside: str) -> list[int]:
+    tokens = backend.tokenize(BESIDE_LEAD + beside, add_bos=False, special=False) if beside else []
+    return tokens + backend.tokenize(rest.replace(_SLOT, question), add_bos=False, special=True)

@@ -5,12 +5,16 @@ did choose is kept as chosen.
 The rules (README, "Automatic settings", gives the figures behind them):
 
 * context: the whole of the documents asked about (their text and page markers), plus the
-  answer and the question, rounded
-  up to ``CONTEXT_STEP``, as far as free memory allows next to the model (kv/sizes.py
-  ``max_context``: the KV calculator). llama.cpp stops at the model's trained context; eLLM's
-  engine goes beyond it with sparse attention, whose positions are remapped into the trained
-  window. When even that does not fit, the answer reads the pages most relevant to the question
-  and says so (qa/pages.py).
+  question, the passages shown again beside it (qa/answer.py) and the answer, rounded up to
+  ``CONTEXT_STEP``, as far as free memory allows next to the model (kv/sizes.py
+  ``max_context``: the KV calculator). Which side of the model's trained context a document
+  lies on decides how it is read, and so its cache file: that side is decided by the document
+  alone (with PROMPT_ROOM and ANSWER_FLOOR), never by the answer's length, so a document read
+  once is never read again because a question asks for a longer answer. A document inside the
+  trained context keeps its context there: the passages and the answer get what it leaves.
+  llama.cpp stops at the model's trained context; eLLM's engine goes beyond it with sparse
+  attention, whose positions are remapped into the trained window. When even that does not fit,
+  the answer reads the pages most relevant to the question and says so (qa/pages.py).
 * KV format: ``AUTO_KV`` (f16) on every engine: the model's own numerics. For documents eLLM's
   engine keeps it in the blocked cache, persisted per document and composable across documents,
   with the engine's attended passages as citations (Qwen2.5-1.5B: 28 KiB per token, a 33K-token
@@ -48,6 +52,8 @@ MIN_AUTO_CONTEXT = 4096
 NO_DOCUMENT_CONTEXT = 8192   # a completion without documents
 SPARSE_DECODE_FROM = 8192   # document tokens from which answers read the voted blocks (README, "Automatic settings")
 PROMPT_ROOM = 512            # system prompt, question, chat template and the padding to whole KV blocks
+ANSWER_FLOOR = 256           # answer tokens a document inside the trained context leaves at least
+BESIDE_ROOM = 2048           # the passages shown again beside the question (qa/answer.py, qa/retrieval.py)
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ class Chosen:
     n_ctx: int
     kv: str
     attention: str
-    wanted: int = 0        # tokens the documents and the answer need (0: no documents)
+    wanted: int = 0        # tokens the documents, the passages beside and the answer want (0: no documents)
     note: str = ""         # what a person should know (memory too small for the whole document)
 
     def as_dict(self) -> dict:
@@ -78,7 +84,7 @@ def choose(settings, model_path: Path, engine: str, doc_tokens: int | None = Non
     if n_ctx <= 0:
         n_ctx, wanted, note = _auto_context(settings, layout, kv, engine, trained, doc_tokens, free_bytes,
                                             blocked)
-        if settings.kv == AUTO and blocked and n_ctx < wanted:
+        if settings.kv == AUTO and blocked and n_ctx < document_needs(doc_tokens):
             # f16 does not hold the whole document: the smaller format may
             small = _auto_context(settings, layout, SMALL_KV, engine, trained, doc_tokens, free_bytes, blocked)
             if small[0] > n_ctx:
@@ -99,14 +105,21 @@ def document_attention(blocked: bool, n_ctx: int, trained: int, doc_tokens: int)
     return "sparse-decode" if doc_tokens >= SPARSE_DECODE_FROM or n_ctx > trained else "dense"
 
 
+def document_needs(doc_tokens: int | None) -> int:
+    """The context a document needs whatever the question: its tokens, the prompt around them
+    and ANSWER_FLOOR. Whether this fits the trained context decides how the document is read."""
+    return (doc_tokens or 0) + PROMPT_ROOM + ANSWER_FLOOR
+
+
 def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_tokens: int | None,
                   free_bytes: int | None, blocked: bool) -> tuple[int, int, str]:
     if not doc_tokens:
         return min(trained, NO_DOCUMENT_CONTEXT), 0, ""
-    wanted = doc_tokens + PROMPT_ROOM + settings.max_tokens
+    need = document_needs(doc_tokens)
+    wanted = doc_tokens + PROMPT_ROOM + BESIDE_ROOM + max(settings.max_tokens, ANSWER_FLOOR)
     n_ctx = max(MIN_AUTO_CONTEXT, -(-wanted // CONTEXT_STEP) * CONTEXT_STEP)
-    if wanted <= trained < n_ctx:
-        n_ctx = trained          # rounding must not push a document that fits out of the trained window
+    if need <= trained < n_ctx:
+        n_ctx = trained          # the document stays inside the trained window, read as it was (not the answer's call)
     if not blocked and n_ctx > trained:   # dense attention stays inside the trained window
         n_ctx = max(MIN_AUTO_CONTEXT, trained)
     free = mem_available() if free_bytes is None else free_bytes
@@ -116,13 +129,14 @@ def _auto_context(settings, layout, kv: str, engine: str, trained: int, doc_toke
         if fits < n_ctx:
             n_ctx = max(MIN_AUTO_CONTEXT, fits)
     note = ""
-    if n_ctx < wanted:
+    if n_ctx < need:
         why = (f"{engine} reads at most the model's trained {trained:,} tokens"
                if not blocked and n_ctx == trained else "free memory allows a context of "
                f"{n_ctx:,} tokens")
-        note = (f"the documents need a context of {wanted:,} tokens and {why}: the pages most relevant to "
+        note = (f"the documents need a context of {need:,} tokens and {why}: the pages most relevant to "
                 f"the question are read")
     return n_ctx, wanted, note
 
 
-__all__ = ["AUTO", "AUTO_KV", "SMALL_KV", "SPARSE_DECODE_FROM", "Chosen", "choose", "document_attention"]
+__all__ = ["AUTO", "AUTO_KV", "BESIDE_ROOM", "SMALL_KV", "SPARSE_DECODE_FROM", "Chosen", "choose",
+           "document_attention", "document_needs"]

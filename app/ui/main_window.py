@@ -250,6 +250,7 @@ class MainWindow(QMainWindow):
             return None
         session = self.session
 
+        self.reader.prefer(ids)    # a document not read yet is answered from passages: read it next
         self.reader.suspend()      # the engine answers first; reading carries on afterwards
 
         def work(ctl: JobControl):

@@ -3,8 +3,9 @@ background, one at a time, so that the first question about each starts answerin
 (app/qa/reading.py does the reading; this is its Qt side).
 
 It starts after ingestion and when the window opens, yields to the person: a question or a
-summary pauses it (``suspend``) and it carries on afterwards (``carry_on``); *Pause reading*
-stops it until the person resumes. Each document's state goes to the library
+summary pauses it (``suspend``) and it carries on afterwards (``carry_on``), with the documents
+just asked about first (``prefer``: their first answer came from passages, the next one should
+see all of them); *Pause reading* stops it until the person resumes. Each document's state goes to the library
 (``sig_state``: "reading 42 %, 3 min left", "read").
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ReadAhead(QObject):
         self.job: Job | None = None
         self.paused = False
         self.suspended = 0
+        self.preferred: list[int] = []     # documents to read before the others
         self._doc: int | None = None
 
     # ---- Public API --------------------------------------------------------
@@ -47,6 +49,7 @@ class ReadAhead(QObject):
         except Exception:
             return None
         todo = [doc_id for doc_id, state in self.states().items() if state == NOT_READ and self._readable(doc_id)]
+        todo.sort(key=lambda d: self.preferred.index(d) if d in self.preferred else len(self.preferred))
         if not todo:
             return None
         session = self.session
@@ -82,6 +85,10 @@ class ReadAhead(QObject):
     def resume(self) -> None:
         self.paused = False
         self.start()
+
+    def prefer(self, doc_ids) -> None:
+        """Read these documents next (a question was asked about them)."""
+        self.preferred = list(dict.fromkeys([*doc_ids, *self.preferred]))
 
     def suspend(self) -> None:
         """A question or a summary needs the engine: stop reading after the current chunk."""

@@ -141,3 +141,31 @@ def test_cited_passage_is_the_matching_sentence_not_the_page_opening():
     assert "lock gates cost 2.4 million euros" in window and len(window) <= 160
     assert not window.startswith("Riverside")
     assert best_window("Short page.", "anything", 160) == "Short page."
+
+
+def test_a_document_not_read_yet_is_answered_from_passages_unless_whole(cli, tmp_path):
+    """eLLM's engine keeps what it reads: the first question about a long document not read yet
+    answers at once from its best passages and says so; --whole reads it first, and then the
+    next question uses the whole document."""
+    from app.runtime import engines
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    filler = "The harbour log notes the tides, the nets and the gulls of an ordinary day. " * 30
+    make_text(folder / "log.txt", "Harbour Log\n\n" + filler * 3 + "The keeper's dog was called Biscuit.\n\n"
+              + filler * 3)
+    assert cli("ingest", str(folder))[0] == 0
+    engines._cache.clear()
+    ellm = ("--engine", "ellm", "--greedy", "--max-tokens", "8")
+    rc, first, _ = cli("--json", "ask", "What was the keeper's dog called?", "--doc", "log.txt", *ellm, json_out=True)
+    assert rc == 0 and first["answered_from"] == "passages" and first["timings"]["kv_cache"] == "none"
+    assert "Harbour Log is not read yet" in first["note"] and first["context"]["truncated"]
+    assert first["timings"]["prompt_tokens"] < 1000
+    rc, out, _ = cli("ask", "What was the keeper's dog called?", "--doc", "log.txt", *ellm)
+    assert rc == 0 and "Note: Answered from" in out and "`ellm ask --whole` waits for the reading" in out
+    rc, whole, err = cli("--json", "ask", "What was the keeper's dog called?", "--doc", "log.txt", *ellm, "--whole",
+                         json_out=True)
+    assert rc == 0 and whole["answered_from"] == "document" and "reading Harbour Log" in err
+    engines._cache.clear()
+    rc, later, _ = cli("--json", "ask", "Who kept the log?", "--doc", "log.txt", *ellm, json_out=True)
+    assert rc == 0 and later["answered_from"] == "document" and later["timings"]["kv_cache"] == "hit"

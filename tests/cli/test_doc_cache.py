@@ -40,8 +40,10 @@ def test_a_document_prefix_is_computed_once_and_reused(session):
     assert len(rows) == 1 and Path(rows[0]["path"]).exists() and rows[0]["kv"] == "k8v4"
     second, _ = _ask(session, "When was the treaty signed?")
     assert second.timings["kv_cache"] == "hit"
-    # Only the question is prefilled on a hit.
-    assert second.timings["reused_prompt_tokens"] == rows[0]["tokens"]
+    # Only the question is prefilled on a hit: the document and the copies of its best passages
+    # laid beside the question (qa/answer.py) come from the cache.
+    t = second.timings
+    assert t["reused_prompt_tokens"] >= rows[0]["tokens"] and t["prompt_tokens"] - t["reused_prompt_tokens"] < 64
 
     backends._cache.clear()           # a new process: the prefix comes from the file
     again, _ = _ask(session, "Who kept the lamp burning?")

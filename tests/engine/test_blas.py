@@ -50,12 +50,18 @@ def test_long_chunks_take_blas_and_short_ones_the_exact_kernels():
 
 
 def test_block_formats_keep_their_exact_kernels_for_long_chunks():
-    """Q4_0 ... Q8_0 batches run on legacy_batch.py at about sgemm's speed, so long chunks stay
-    on llama.cpp's numbers: every token's outputs are its one-token kernel's."""
+    """Q4_0 ... Q8_0 batches run on legacy_batch.py at about sgemm's speed where the CPU has VNNI,
+    so long chunks stay on llama.cpp's numbers: every token's outputs are its one-token kernel's.
+    Without VNNI those kernels are slower than sgemm, and long chunks take BLAS."""
+    from app.engine.ops.simd_int import HAS_VNNI
+
     m = QMatrix.from_array(make_raw(Q.Q4_1, N_OUT, N_IN), Q.Q4_1)
     long = make_acts(blas.BLAS_MIN_TOKENS + 3, N_IN)
-    assert m.batches_fast
+    assert m.batches_fast == HAS_VNNI
     ours = _linear(m, long)
+    if not HAS_VNNI:
+        assert np.array_equal(ours, blas.matmul(m, long))
+        return
     assert not np.array_equal(ours, blas.matmul(m, long))
     for k in (0, blas.BLAS_MIN_TOKENS + 2):
         assert np.array_equal(ours[k], m.matvec(long[k]))
@@ -83,9 +89,9 @@ def test_a_long_prefill_matches_llamacpp_and_decoding(tiny_model, llama_cpp, arc
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0], ids=lambda t: t.name)
 def test_a_long_prefill_of_block_formats_is_llamacpps(tiny_model, llama_cpp, qtype):
-    """A 48-token chunk of Q4_1 / Q5_0 / Q5_1 / Q8_0 weights (legacy_batch.py, VNNI's form
-    where the CPU has it) gives llama.cpp's logits bit for bit where llama.cpp is built for
-    this CPU (through sgemm they were 8-bit activations apart); against another build, within
+    """A 48-token chunk of Q4_1 / Q5_0 / Q5_1 / Q8_0 weights (legacy_batch.py where the CPU has
+    VNNI) gives llama.cpp's logits bit for bit where llama.cpp is built for this CPU (through
+    sgemm, as without VNNI, they are 8-bit activations apart); against another build, within
     that tolerance. (Q4_0: llama.cpp repacks it, see conftest.llamacpp_built_for_this_cpu.)"""
     from app.engine.ops.amx import HAS_AMX
     from app.engine.ops.simd_int import HAS_AVX2
@@ -96,7 +102,8 @@ def test_a_long_prefill_of_block_formats_is_llamacpps(tiny_model, llama_cpp, qty
     model = Model(path)
     assert model.layers[0].w_up.qtype == qtype
     ours = prefill(model, model.new_cache(128), LONG_PROMPT, all_logits=True)     # (48, V)
-    if HAS_AVX2 and not HAS_AMX and llamacpp_built_for_this_cpu(llama_cpp):
+    exact = model.layers[0].w_up.batches_fast    # without VNNI the chunk takes BLAS (8-bit apart)
+    if exact and HAS_AVX2 and not HAS_AMX and llamacpp_built_for_this_cpu(llama_cpp):
         np.testing.assert_array_equal(ours, ref_prompt)
     else:
         assert_logits_close(ours, ref_prompt, EIGHT_BIT)

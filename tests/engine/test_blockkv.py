@@ -217,3 +217,52 @@ def test_loading_does_not_copy_the_cache_into_memory(tmp_path):
     # and in a full test run other threads of the process allocate too (seen: 33 MB of 72 MB).
     assert grown < 0.6 * size, f"loading grew the process by {grown} bytes for a {size}-byte file"
     assert fresh.n_tokens == n and fresh.nb_base == n // spec.block
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_copies_of_blocks_read_as_those_tokens_at_their_new_positions(llama, tmp_path, from_file):
+    """copy_blocks lays whole blocks again after the cache's last block: keys are stored in
+    their block's frame, so a copy is what writing the same keys and values at the new
+    positions gives, and the next tokens see it there (f16: bit for bit)."""
+    rng = np.random.default_rng(4)
+    prefix = rng.integers(3, 2000, 64).tolist()        # four whole blocks of 16
+    question = rng.integers(3, 2000, 9).tolist()
+    copied = _cache(llama, kv="f16")
+    prefill(llama, copied, prefix, chunk=32)
+    if from_file:                                       # the sources memory-mapped from a document's file
+        save(copied, tmp_path / "doc.kv", {"kv": "f16"})
+        copied = _cache(llama, kv="f16")
+        load(copied, tmp_path / "doc.kv", {"kv": "f16"})
+        assert copied.nb_base == 4
+    copied.copy_blocks([2, 0])
+    assert copied.n_tokens == 96 and copied.tokens[64:] == prefix[32:48] + prefix[:16]
+
+    written = _cache(llama, kv="f16")
+    prefill(llama, written, prefix, chunk=32)
+    for layer in range(llama.config.n_layers):
+        k, v = written.dequantize(layer, 64)                     # (KVH, 64, HD) keys in their block's frame
+        kv_dims = k.shape[0] * k.shape[2]
+        for dst, src in ((4, 2), (5, 0)):
+            keys = k[:, src * 16:(src + 1) * 16].transpose(1, 0, 2).reshape(16, kv_dims)
+            values = v[:, src * 16:(src + 1) * 16].transpose(1, 0, 2).reshape(16, kv_dims)
+            written.update(layer, dst * 16, keys, values)
+    written.commit(prefix[32:48] + prefix[:16])
+    for layer in range(llama.config.n_layers):
+        assert all(np.array_equal(a, b) for a, b in zip(copied.dequantize(layer), written.dequantize(layer)))
+    got = prefill(llama, copied, question, chunk=32, all_logits=True)
+    want = prefill(llama, written, question, chunk=32, all_logits=True)
+    assert np.array_equal(got, want)
+
+
+def test_only_whole_blocks_are_copied_after_a_whole_block(llama):
+    cache = _cache(llama, kv="f16")
+    prefill(llama, cache, list(range(3, 43)), chunk=32)          # 40 tokens: 2 blocks and a half
+    with pytest.raises(ValueError, match="after a whole block, not after 40 tokens"):
+        cache.copy_blocks([0])
+    cache.truncate(32)
+    with pytest.raises(ValueError, match="only the cache's 2 whole blocks"):
+        cache.copy_blocks([2])
+    small = _cache(llama, n_ctx=48, kv="f16")
+    prefill(llama, small, list(range(3, 35)), chunk=32)
+    with pytest.raises(ValueError, match="KV cache full: 64 tokens > n_ctx 48"):
+        small.copy_blocks([0, 1])

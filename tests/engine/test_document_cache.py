@@ -65,3 +65,24 @@ def test_f16_blocks_predict_as_the_dense_f16_cache(tiny_model, doc, arch):
     scale = float(np.abs(want).max())
     assert np.abs(got - want).max() <= 2e-3 * scale
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.98
+
+
+def test_passages_beside_the_question_are_copies_of_the_documents_blocks(tiny_model, doc):
+    """EllmBackend.beside: the blocks holding the given ranges laid again after the document, in
+    document order and within the room; the question continues after them without computing
+    them again, their attention counts for the blocks they copy, and the next question's
+    prefix drops them."""
+    b = backend(tiny_model("llama"), documents=True, attention="sparse-decode")
+    block = b.kv_spec.block
+    prefix = doc[:len(doc) // block * block]
+    b.ensure_prefix(prefix)
+    copied = b.beside([(3 * block + 5, 4 * block + 2), (block, block + 3), (0, 0)], room=2 * block + 10)
+    assert copied == prefix[block:2 * block] + prefix[3 * block:4 * block]     # two of three blocks fit, in order
+    assert b.cache.n_tokens == len(prefix) + 2 * block and b.cache.checkpoint.n_tokens == b.cache.n_tokens
+    question = [7, 8, 9, 10]
+    list(b.generate(prefix + copied + question, SamplingParams.make_greedy(4)))
+    assert b.stats.reused_prompt_tokens >= len(prefix) + len(copied) - 1
+    n_doc = len(prefix) // block
+    assert all(start < n_doc * block or start >= len(prefix) + len(copied) for start, _, _ in b.attended_blocks(64))
+    assert b.ensure_prefix(prefix).status == "hit" and b.cache.n_tokens == len(prefix)
+    assert b.beside([(0, block)], room=block - 1) == []                          # no room for a block

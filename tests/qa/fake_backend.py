@@ -28,7 +28,7 @@ class FakeBackend:
         self.answer = answer
         self.stats = GenerationStats()
         self.capabilities = Capabilities(prefix_files=composes, composes=composes, attended_blocks=composes,
-                                         focus=focus)
+                                         focus=focus, beside=composes)
         self.prefix_multiple = block if composes else 1
         self._kv_bytes = kv_bytes
         self._vocab: dict[str, int] = {}
@@ -125,6 +125,15 @@ class FakeBackend:
 
     def focus(self, ranges) -> None:
         self.focused.append((len(self.prompts), list(ranges)))
+
+    def beside(self, ranges, room: int) -> list[int]:
+        """Copies of the held tokens in whole blocks, as the blocked cache lays them."""
+        b, n = self.prefix_multiple, len(self.cache)
+        wanted = [i for s, e in ranges if e > s for i in range(s // b, -(-e // b)) if i < n // b]
+        chosen = sorted(list(dict.fromkeys(wanted))[:max(0, room) // b])
+        copied = [t for i in chosen for t in self.cache[i * b:(i + 1) * b]]
+        self.cache = self.cache + copied
+        return copied
 
     def close(self) -> None:
         pass

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from app.engine.backend import SamplingParams
-from app.qa.answer import AskError, answer
+from app.qa.answer import AnswerOptions, AskError, answer
+from app.qa.prompt import BESIDE_LEAD
 from app.store import Store
 from tests.qa.fake_backend import FakeBackend
 
@@ -44,7 +45,8 @@ def test_a_document_that_fits_is_read_whole_with_its_page_markers(store, model_f
     assert a.timings["kv_cache"] == "miss" and a.timings["prompt_tokens"] == len(backend.prompts[0])
     assert a.considered is None and a.attended == [] and a.doc_ids == [doc]
     assert set(a.as_dict()) == {"answer", "citations", "timings", "engine", "model", "documents", "context",
-                                "cancelled", "answer_id", "attended"}
+                                "cancelled", "answer_id", "attended", "answered_from", "note"}
+    assert a.answered_from == "document"
 
 
 def test_a_document_over_the_context_is_answered_from_its_most_relevant_pages_and_says_so(store, model_file):
@@ -103,6 +105,9 @@ def test_several_documents_on_a_composing_backend_are_read_side_by_side(store, m
     prompt = backend.detokenize(backend.prompts[-1])
     assert prompt.count("=== Document:") == 2 and prompt.count("You are eLLM") == 1   # one header, two documents
     assert prompt.index("Harbour Log") < prompt.index("Council Minutes") < prompt.index("Question:")
+    # the best passage again after both documents (copies of its cached blocks), just before the question
+    budget = "The budget is twelve million euros."
+    assert prompt.count(budget) == 2 and prompt.rindex(budget) > prompt.rindex("[Page 2]")
     assert [c["doc"] for c in a.considered] == [log, minutes] and a.note == ""
     # Each document read: 0 of its tokens, then as the prefill reports them, up to all of them.
     firsts = [line for done, total, line in progress if done == 0]
@@ -212,3 +217,119 @@ def test_blank_lines_pad_the_pages_in_front_so_the_question_follows_the_last_pag
     assert p.doc_text.startswith("\n") and p.doc_text.lstrip("\n") == "[Page 1]\nThe signal was three green lamps."
     assert backend.detokenize(p.doc) == p.doc_text
     assert backend.detokenize(p.tokens).endswith("green lamps.\n\nQuestion: What was the signal? </user>\n<assistant> ")
+
+
+# ---- answers before a document is read, and the passages beside the question ---------------
+
+def long_log() -> list[str]:
+    """A document well past READ_AT_ONCE tokens, with one page that holds the answer."""
+    filler = [f"Day {i}: the keeper wrote of nets, ropes, tides and gulls on an ordinary day at sea. " * 8
+              for i in range(40)]
+    return filler[:23] + ["The harbour master's secret password was BLUEHERON, kept in the brass box."] + filler[23:]
+
+
+def test_a_document_not_read_yet_is_answered_at_once_from_its_best_passages_and_says_so(store, model_file):
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    backend = FakeBackend(model_file, composes=True, focus=True, n_ctx=16384)
+    a = answer(store, backend, "What was the harbour master's secret password?", [doc], PARAMS)
+    assert a.answered_from == "passages" and a.as_dict()["answered_from"] == "passages"
+    prompt = backend.detokenize(backend.prompts[0])
+    assert "[Page 24]\nThe harbour master's secret password was BLUEHERON" in prompt
+    assert len(backend.prompts[0]) < 2048 < len(backend.tokenize("\n".join(long_log())))   # a short prompt
+    assert prompt.index("[Page 24]") < prompt.index("Question:") and BESIDE_LEAD not in prompt
+    assert "Answered from" in a.note and "Long Log is not read yet" in a.note and a.note in a.notes
+    assert not a.plan.note and a.plan.truncated and not store.kv_caches(doc)     # nothing was read
+    assert a.citations and a.citations[0]["page"] == 24
+    # The whole document on request: read now (its cache file kept), the passages beside the question.
+    whole = answer(store, backend, "What was the harbour master's secret password?", [doc], PARAMS,
+                   options=AnswerOptions(source="document"))
+    assert whole.answered_from == "document" and len(store.kv_caches(doc)) == 1
+    prompt = backend.detokenize(backend.prompts[-1])
+    assert prompt.count("BLUEHERON") == 2 and prompt.rindex("BLUEHERON") < prompt.index("Question:")
+    # Read once, the next question sees the whole document by default.
+    again = answer(store, backend, "Where was the password kept?", [doc], PARAMS)
+    assert again.answered_from == "document" and again.timings["kv_cache"] == "hit"
+
+
+@pytest.mark.parametrize("composes", [True, False])
+def test_the_passages_beside_as_text_after_the_document(store, model_file, composes):
+    """Asked for, or where the backend has no blocked cache to copy from."""
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    backend = FakeBackend(model_file, composes=composes, n_ctx=16384)
+    options = AnswerOptions(source="document", beside="text" if composes else "blocks")
+    answer(store, backend, "What was the secret password?", [doc], PARAMS, options=options)
+    prompt, beside = backend.detokenize(backend.prompts[-1]).split(BESIDE_LEAD)
+    assert "[Page 24]\nThe harbour master's secret password was BLUEHERON" in beside
+    assert beside.index("BLUEHERON") < beside.index("Question:") and "[Page 24]" in prompt
+
+
+def test_without_the_passages_beside_a_read_document_ends_with_the_question(store, model_file):
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    backend = FakeBackend(model_file, composes=True, n_ctx=16384)
+    a = answer(store, backend, "What was the secret password?", [doc], PARAMS,
+               options=AnswerOptions(source="document", beside="none"))
+    prompt = backend.detokenize(backend.prompts[-1])
+    assert a.answered_from == "document" and BESIDE_LEAD not in prompt and prompt.count("[Page 24]") == 1
+
+
+def test_the_passages_beside_take_only_the_room_the_context_leaves(store, model_file):
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    whole = len(FakeBackend(model_file).tokenize("\n".join(long_log())))
+    backend = FakeBackend(model_file, composes=True, n_ctx=whole + 400)
+    answer(store, backend, "What was the secret password?", [doc], PARAMS, options=AnswerOptions(source="document"))
+    assert len(backend.prompts[-1]) + PARAMS.max_tokens <= backend.n_ctx
+
+
+def test_a_small_document_is_read_for_its_first_question(store, model_file):
+    doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    backend = FakeBackend(model_file, composes=True)
+    a = answer(store, backend, "What was the secret signal?", [doc], PARAMS)
+    assert a.answered_from == "document" and len(store.kv_caches(doc)) == 1
+
+
+def test_a_question_no_passage_matches_and_a_document_without_text_are_clear_errors(store, model_file):
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    backend = FakeBackend(model_file, composes=True, n_ctx=16384)
+    with pytest.raises(AskError, match="no passage of the documents shares a word with the question"):
+        answer(store, backend, "Qwertyuiop zxcvbnm?", [doc], PARAMS)
+    empty = store.save_document({"path": "/docs/scan.pdf", "title": "Scan", "status": "ingested", "pages": 0}, [], [])
+    with pytest.raises(AskError, match="has no text in the store"):
+        answer(store, backend, "What is in it?", [empty], PARAMS, options=AnswerOptions(source="passages"))
+    assert store.answers() == []                     # nothing stored half-done
+    with pytest.raises(ValueError, match="source must be one of auto, document, passages"):
+        AnswerOptions(source="everything")
+
+
+def test_a_long_answer_never_turns_a_whole_document_that_fits_into_a_selection(store, model_file):
+    """A document that fits the context with a short answer stays whole, whatever the answer
+    length asked: the answer gets what the context leaves (reading a selection of its pages would
+    be another prefix to read, replacing the document's cache file)."""
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    whole = len(FakeBackend(model_file).tokenize("\n".join(long_log())))
+    backend = FakeBackend(model_file, composes=True, n_ctx=whole + 800)     # the pages, their markers, 300 to spare
+    for max_tokens in (16, 2000):
+        a = answer(store, backend, "What was the secret password?", [doc], SamplingParams.make_greedy(max_tokens),
+                   options=AnswerOptions(source="document"))
+        assert not a.plan.truncated and len(a.plan.pages) == 41
+    assert len(store.kv_caches(doc)) == 1 and a.timings["kv_cache"] == "hit"
+
+
+def test_where_nothing_read_stays_read_every_question_reads_its_documents(store, model_file):
+    """llama.cpp and Gemma 3's dense cache keep no prefix files: the automatic source answers from
+    the whole document there, as before, rather than from passages for ever."""
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    a = answer(store, FakeBackend(model_file, n_ctx=16384), "What was the secret password?", [doc], PARAMS)
+    assert a.answered_from == "document" and not a.plan.truncated
+
+
+def test_passages_of_one_page_keep_the_order_they_stand_in(store, model_file):
+    from app.qa.pages import token_counter
+    from app.qa.retrieval import best_passages, passage_pages
+
+    text = "Harbour rules. " * 30 + "The password is BLUEHERON. " + "Gulls and tides. " * 40
+    doc = store.save_document({"path": "/docs/rules.txt", "title": "Rules", "status": "ingested", "pages": 1},
+                              [(1, 0, text)], [(1, 0, 450, text[:450]), (1, 450, len(text), text[450:])])
+    found = best_passages(store, [doc], "password BLUEHERON gulls harbour", 2)
+    assert [p.start for p in found] == [450, 0]                                   # the later chunk ranks first
+    [page] = passage_pages(found, token_counter(FakeBackend(model_file)))
+    assert page.text.index("Harbour rules.") < page.text.index("BLUEHERON")

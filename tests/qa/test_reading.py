@@ -7,6 +7,8 @@ from __future__ import annotations
 from app.engine.backend import SamplingParams
 from app.qa.answer import ReadingProgress, answer
 from app.qa.doc_cache import DocCaches, store_cache_dir
+from app.qa.pages import format_pages, load_pages, token_counter
+from app.qa.prompt import build_prompt
 from app.qa.reading import NOT_READ, READ, read_document, read_states
 from app.qa.summarize import summarize
 from tests.qa.fake_backend import FakeBackend
@@ -80,5 +82,6 @@ def test_a_whole_document_summary_reads_the_documents_own_cache(store, model_fil
     backend.cache = []
     summarize(store, backend, doc, PARAMS)
     # The summary's prompt starts with the question's prefix: the same cache file served it.
-    assert backend.prompts[-1][:len(backend.prompts[0]) - 20] == backend.prompts[0][:len(backend.prompts[0]) - 20]
+    prefix = build_prompt(backend, "", format_pages(load_pages(store, [doc], token_counter(backend)))).prefix
+    assert backend.prompts[-1][:len(prefix)] == backend.prompts[0][:len(prefix)] == prefix
     assert len(store.kv_caches(doc)) == 1

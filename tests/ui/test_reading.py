@@ -62,3 +62,30 @@ def test_pausing_stops_reading_until_resumed(qtbot, window, session, tmp_path):
     qtbot.waitUntil(lambda: window.reader.job is None, timeout=300_000)
     window.refresh()
     assert window.library.table.item(row_of(window, "Gamma"), READ_COLUMN).text() == READ
+
+
+def test_a_question_before_reading_is_answered_from_passages_and_its_document_is_read_next(qtbot, window, session,
+                                                                                             tmp_path):
+    """The first question about a long document not read yet answers at once from its best
+    passages and says so; reading then carries on in the background with that document first,
+    and the next question reads the whole of it."""
+    from tests.ui.helpers import ask_and_wait
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    filler = "The harbour log notes the tides, the nets and the gulls of an ordinary day. " * 30
+    make_text(folder / "a.txt", "Alpha\n\n" + "The alpha memo lists the council's budget lines. " * 20)
+    make_text(folder / "log.txt", "Harbour Log\n\n" + filler * 3 + "The secret password of the harbour master was "
+              "BLUEHERON.\n\n" + filler * 3)      # about 3,000 tokens: more than a first question reads at once
+    session.save_settings(READING)
+    ingest(qtbot, window, folder)
+    log = doc_id(window, "log.txt")
+    window.library.select_id(log)
+    read = []
+    window.reader.sig_state.connect(lambda doc, state: read.append(doc) if state == READ else None)
+    first, _ = ask_and_wait(qtbot, window, "What was the secret password of the harbour master?")
+    assert first.answered_from == "passages" and "not read yet" in window.ask_pane.note.text()
+    qtbot.waitUntil(lambda: window.reader.job is None and len(read) == 2, timeout=300_000)
+    assert read[0] == log                      # the document asked about is read before the others
+    second, _ = ask_and_wait(qtbot, window, "What was the secret password of the harbour master?")
+    assert second.answered_from == "document" and second.timings["kv_cache"] == "hit"

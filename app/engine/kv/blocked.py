@@ -160,6 +160,26 @@ class BlockKVCache:
         self.n_blocks_cap = cap
         self.n_ctx = n_ctx
 
+    def copy_blocks(self, blocks: Sequence[int]) -> None:
+        """Append copies of the whole ``blocks`` after the last block (the cache must end on a
+        block boundary). Keys are stored in their block's own frame, so a copy is those tokens
+        at the copy's positions: attention places a block by rotating the query, whichever block
+        it is."""
+        b = self.block
+        n_full = self.n_tokens // b
+        if self.n_tokens % b:
+            raise ValueError(f"copies of blocks go after a whole block, not after {self.n_tokens} tokens")
+        if any(not 0 <= i < n_full for i in blocks):
+            raise ValueError(f"only the cache's {n_full} whole blocks can be copied")
+        if (n_full + len(blocks)) * b > self.n_ctx:
+            raise ValueError(f"KV cache full: {(n_full + len(blocks)) * b} tokens > n_ctx {self.n_ctx}")
+        tokens = list(self.tokens)
+        for k, i in enumerate(blocks):
+            source = self.base if i < self.nb_base else self.own
+            for name, a in self.own.items():
+                a[:, :, n_full + k] = source[name][:, :, i]
+            self.tokens.extend(tokens[i * b:(i + 1) * b])
+
     def set_checkpoint(self) -> None:
         """Remember this point (e.g. the end of a document prefix) so that a later prompt that
         shares it resumes here exactly, even in the middle of a block."""
