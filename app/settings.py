@@ -80,6 +80,8 @@ class Settings:
     numa: str = "distribute"  # NUMA policy: distribute | isolate | none
     kv: str = "auto"  # KV cache precision: auto | f16 | k8v8 | k8v4 | k4v4 (README, "KV cache")
     attention: str = "auto"  # auto | dense | sparse | sparse-decode (README, "Sparse attention", "Automatic settings")
+    api_server: bool = False  # the window serves the local OpenAI-compatible API (on 127.0.0.1 only)
+    api_port: int = 8080  # ... on this port
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -94,6 +96,8 @@ class Settings:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {self.attention!r}")
         if self.numa not in NUMA_POLICIES:
             raise ValueError(f"NUMA policy must be one of {', '.join(NUMA_POLICIES)}, not {self.numa!r}")
+        if not 1 <= self.api_port <= 65535:
+            raise ValueError(f"the API server's port must be between 1 and 65535, not {self.api_port}")
 
     @classmethod
     def from_dict(cls, values: dict) -> "Settings":

@@ -34,7 +34,8 @@ SLOW_MODULES = {
     "tests/cli/test_folder_ask.py", "tests/cli/test_kv_probe.py", "tests/cli/test_passkey.py",
     "tests/reliability/test_concurrency.py", "tests/reliability/test_crash.py", "tests/reliability/test_privacy.py",
     "tests/reliability/test_hostile_corpus.py", "tests/ui/test_flow.py",
-    "tests/ui/test_batch_tab.py", "tests/batch/test_ray_batch.py", "tests/ui/test_settings_kv.py",
+    "tests/ui/test_batch_tab.py", "tests/api/test_serve_end_to_end.py",
+    "tests/cli/test_conversations.py", "tests/batch/test_ray_batch.py", "tests/ui/test_settings_kv.py",
 }
 SLOW_FIXTURES = {"smollm2", "smollm2_vocab", "llama_cpp", "ggml_mul_mat", "reference", "pairs"}
 ROOT = Path(__file__).resolve().parents[1]

@@ -44,3 +44,14 @@ def test_unknown_model_choice_names_the_models_folder(tmp_path):
     with pytest.raises(SessionError, match="mistral-7b: no such model file") as e:
         session.model_path
     assert str(tmp_path / "models") in str(e.value)
+
+
+def test_the_api_server_is_off_by_default_and_its_port_is_checked(tmp_path):
+    assert (Settings().api_server, Settings().api_port) == (False, 8080)
+    for port in (0, 65536):
+        with pytest.raises(ValueError, match=f"port must be between 1 and 65535, not {port}"):
+            Settings(api_port=port)
+    session = Session(Paths.resolve(tmp_path))
+    session.save_settings(Settings(api_server=True, api_port=8765))
+    assert session.store.settings() == {"api_server": True, "api_port": 8765}
+    assert Session(Paths.resolve(tmp_path)).settings == Settings(api_server=True, api_port=8765)

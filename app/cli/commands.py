@@ -60,6 +60,9 @@ def ask_target(ctx: Context):
     from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve
 
     a = ctx.args
+    if not (a.doc or a.folder or a.all):
+        raise CliError("say what to ask about: --doc DOC (repeat for several), --folder PATH or --all"
+                       + (", or --thread ID to continue a conversation" if hasattr(a, "thread") else ""))
     docs = ctx.store.documents()
     if a.doc:
         target = resolve(SELECTED, docs, [ctx.resolve_doc(ref)["id"] for ref in a.doc])
@@ -73,13 +76,18 @@ def ask_target(ctx: Context):
 
 
 def cmd_ask(ctx: Context) -> int:
-    from app.qa.answer import AUTO, DOCUMENT, FROM_PASSAGES, AnswerOptions, AskError, answer
+    from app.cli.chat_commands import conversation_for, new_thread, show_sources
+    from app.qa.answer import AUTO, DOCUMENT, AnswerOptions, AskError, answer
 
-    target = ask_target(ctx)
-    backend = ctx.backend(ctx.session.doc_tokens(target.doc_ids))
-    params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.max_tokens)
+    a = ctx.args
+    if a.thread is not None and (a.doc or a.folder or a.all):
+        raise CliError("--thread continues that thread's documents: leave out --doc, --folder and --all")
+    target = ask_target(ctx) if a.thread is None else None
+    conversation, doc_ids = conversation_for(ctx, a.thread, target)
+    backend = ctx.backend(ctx.session.doc_tokens(doc_ids))
+    params = ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens)
     streaming = not ctx.json
-    if streaming and ctx.args.verbose:
+    if streaming and a.verbose:
         err(f"engine {backend.name}, model {ctx.model_path.name}, context {backend.n_ctx} tokens")
 
     def show(piece: str) -> None:
@@ -87,32 +95,19 @@ def cmd_ask(ctx: Context) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
 
-    options = AnswerOptions(source=DOCUMENT if ctx.args.whole else AUTO)
+    options = AnswerOptions(source=DOCUMENT if a.whole else AUTO)
+    if a.thread is not None:
+        new_thread(ctx, conversation, doc_ids, a.question, target)
     try:
-        result = answer(ctx.store, backend, ctx.args.question, list(target.doc_ids), params,
-                        model_name=ctx.model_path.name, on_text=show, progress=ProgressLine("ask"), options=options)
+        result = answer(ctx.store, backend, a.question, doc_ids, params, model_name=ctx.model_path.name,
+                        on_text=show, progress=ProgressLine("ask"), options=options,
+                        conversation=conversation if a.thread is not None else None)
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     if ctx.json:
         ctx.print_json(result.as_dict())
         return 0
-    print()
-    for note in (result.plan.note, result.note):
-        if note:
-            print(f"\nNote: {note}")
-    if result.answered_from == FROM_PASSAGES:
-        print("(`ellm read` reads the documents for the next questions; `ellm ask --whole` waits for the reading)")
-    titles = {d["id"]: d["title"] for d in ctx.store.documents()}
-    if result.citations:
-        print("\nSources:")
-        for c in result.citations:
-            print(f"  - {titles.get(c['doc'], c['doc'])}, p. {c['page']}: \"{c['text'][:160]}\"")
-    if result.attended:
-        print("\nAttended (where the model looked while answering): " + ", ".join(
-            f"{titles.get(x['doc'], x['doc'])} p. {x['page']} ({x['weight']:.0%})" for x in result.attended))
-    t = result.timings
-    print(f"\n[{t['prompt_tokens']} prompt tokens, first token after {t['ttft_s']:.2f} s, "
-          f"{t['decode_tok_s']:.1f} tokens/s, engine {result.engine}]")
+    show_sources(ctx, result)
     return 0
 
 

@@ -6,6 +6,7 @@ import argparse
 
 from app import __version__
 from app.cli.batch_command import cmd_batch
+from app.cli.chat_commands import cmd_chat, cmd_serve, cmd_threads
 from app.cli.bench_commands import cmd_bench, cmd_eval, cmd_kv_probe
 from app.cli.commands import (cmd_ask, cmd_complete, cmd_docs, cmd_doctor, cmd_gui, cmd_hw, cmd_ingest, cmd_models,
                               cmd_read, cmd_summarize)
@@ -34,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--attention", choices=ATTENTION, default=None,
                        help="attention for this call (default: settings, auto); llama.cpp is always dense")
 
-    def target_opts(p: argparse.ArgumentParser) -> None:
+    def target_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
         """What is asked about: documents, a folder or everything (qa/targets.py resolves them)."""
-        target = p.add_mutually_exclusive_group(required=True)
+        target = p.add_mutually_exclusive_group(required=required)
         target.add_argument("--doc", action="append", metavar="ID_OR_TITLE_OR_FILENAME",
                             help="the document (repeat for several)")
         target.add_argument("--folder", metavar="PATH", help="every ingested document under this folder")
@@ -61,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ask", parents=[common], help="ask a question about a document")
     p.add_argument("question")
-    target_opts(p)
+    target_opts(p, required=False)
+    p.add_argument("--thread", type=int, default=None, metavar="ID",
+                   help="add the question as the next turn of this conversation (`ellm threads` lists them)")
     engine_opts(p)
     p.add_argument("--max-tokens", type=int, default=None, metavar="N")
     p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
@@ -71,6 +74,33 @@ def build_parser() -> argparse.ArgumentParser:
     kv_opts(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_ask)
+
+    p = sub.add_parser("chat", parents=[common], help="a conversation about documents at a line-editing prompt")
+    target_opts(p, required=False)
+    p.add_argument("--thread", type=int, default=None, metavar="ID", help="continue this conversation")
+    engine_opts(p)
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="always pick the most likely token")
+    kv_opts(p)
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("threads", parents=[common], help="list, search, show, rename or delete conversations")
+    p.add_argument("--search", metavar="TEXT", help="only threads whose title or turns match TEXT")
+    p.add_argument("--show", type=int, metavar="ID", help="print one thread's turns")
+    p.add_argument("--rename", nargs=2, metavar=("ID", "TITLE"), help="give a thread another title")
+    p.add_argument("--delete", type=int, metavar="ID", help="delete a thread and its turns")
+    p.set_defaults(func=cmd_threads)
+
+    p = sub.add_parser("serve", parents=[common], help="a local OpenAI-compatible API over the documents")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs "
+                                                       "--api-key)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port)")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="every request must send Authorization: Bearer KEY")
+    p.add_argument("--cors", action="append", metavar="ORIGIN", help="allow browser pages from ORIGIN (repeatable)")
+    engine_opts(p)
+    kv_opts(p)
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="answer length when a request gives none")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("read", parents=[common], help="read documents into their KV caches ahead of the questions")
     which = p.add_mutually_exclusive_group(required=True)

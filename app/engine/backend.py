@@ -212,6 +212,13 @@ class Backend(Protocol):
         ``capabilities.focus``."""
         ...
 
+    def question_at(self, start: int) -> None:
+        """The next generation's question begins at prompt token ``start`` (a conversation's new
+        turn after earlier ones): with sparse attention only its own tokens choose the blocks the
+        answer reads, as a first question's do (by default the prompt's last tokens after the
+        document prefix). Nothing to do for dense attention."""
+        ...
+
     def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
         """After the prefix the cache holds, copies of the cached tokens of ``ranges`` (passages a
         relevance ranking found), in document order, as many as fit ``room`` tokens: the

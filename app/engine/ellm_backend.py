@@ -67,6 +67,7 @@ class EllmBackend:
                                          focus=self.blocked and self.attention.mode != "dense", beside=self.blocked)
         self._focus = np.zeros(0, np.int64)           # (F,) blocks the next answer reads besides
         self._copies: dict[int, int] = {}             # block laid beside the question -> the block it copies
+        self._question_at = 0                         # the next prompt's question starts here (question_at)
         self.prefix_multiple = self.kv_spec.block if self.blocked else 1
         self.prefill_chunk = prefill_chunk
         self.stats = GenerationStats()
@@ -102,6 +103,7 @@ class EllmBackend:
         until an end-of-generation token, max_tokens, a full context, or ``cancel()``."""
         prompt = [int(t) for t in prompt]
         focus, self._focus = self._focus, np.zeros(0, np.int64)     # told for this answer only
+        question_at, self._question_at = self._question_at, 0
         if self._copies and self.cache.common_prefix(prompt) < (max(self._copies) + 1) * self.kv_spec.block:
             self._copies = {}                                        # this prompt does not keep them
         if not prompt:
@@ -111,15 +113,15 @@ class EllmBackend:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx} "
                 f"(prompt + answer): shorten the prompt or open {Path(self.model_path).name} "
                 f"with a larger n_ctx")
-        return self._generate(prompt, params, cancel, focus)
+        return self._generate(prompt, params, cancel, focus, question_at)
 
     def _generate(self, prompt: list[int], params: SamplingParams,
-                  cancel: Callable[[], bool] | None, focus: np.ndarray) -> Iterator[int]:
+                  cancel: Callable[[], bool] | None, focus: np.ndarray, question_at: int = 0) -> Iterator[int]:
         _apply_threads(self._thread_plan)  # numba's thread count is per calling thread
         self.stats = stats = GenerationStats(prompt_tokens=len(prompt))
         t0 = time.perf_counter()
         if self.blocked:
-            self._observe(prompt, focus)
+            self._observe(prompt, focus, question_at)
         logits, reused = prefill_reusing_prefix(self.model, self.cache, prompt, self.prefill_chunk, cancel,
                                                 state=self.state)
         stats.prefill_s = time.perf_counter() - t0
@@ -168,11 +170,12 @@ class EllmBackend:
         stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,
                                                                 n_tokens, sparse)
 
-    def _observe(self, prompt: list[int], focus: np.ndarray) -> None:
+    def _observe(self, prompt: list[int], focus: np.ndarray, question_at: int = 0) -> None:
         """Sparse attention: the prompt's last tokens choose the blocks decoding reads
         (app/engine/attention/votes.py), so they are computed afresh even when the cache still
-        holds them, though never below the document's checkpoint; decoding also reads the
-        ``focus`` blocks."""
+        holds them, though never below the document's checkpoint nor before ``question_at`` (a
+        conversation's new turn: its own tokens choose, as a first question's do); decoding also
+        reads the ``focus`` blocks."""
         cache, cfg = self.cache, self.attention
         if not cfg.sparse or not cfg.observe:
             self.state.start_question(None, focus)
@@ -181,7 +184,7 @@ class EllmBackend:
         cp = cache.checkpoint
         if cp is not None and cache.common_prefix(prompt) >= cp.n_tokens:
             start = max(start, cp.n_tokens)
-        start = min(start, len(prompt) - 1)
+        start = min(max(start, question_at), len(prompt) - 1)
         if cache.n_tokens > start:
             cache.truncate(start)
         self.state.start_question((start, len(prompt)), focus)
@@ -318,6 +321,10 @@ class EllmBackend:
         b = self.kv_spec.block
         blocks = [b0 for s, e in ranges if e > s for b0 in range(s // b, -(-e // b))]
         self._focus = np.array(list(dict.fromkeys(blocks)), np.int64)   # (F,) best passage first
+
+    def question_at(self, start: int) -> None:
+        """The next prompt's question begins at token ``start`` (Backend.question_at)."""
+        self._question_at = max(0, int(start))
 
     def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
         """Copies of the blocks holding ``ranges`` after the prefix the cache holds (a whole number

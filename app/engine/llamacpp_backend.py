@@ -282,6 +282,9 @@ class LlamaCppBackend:
     def focus(self, ranges: Sequence[tuple[int, int]]) -> None:
         pass      # dense attention reads every cached token anyway
 
+    def question_at(self, start: int) -> None:
+        pass      # dense attention: no block choice to make
+
     def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
         return []  # llama.cpp's cache holds no blocks to copy (capabilities.beside is False)
 

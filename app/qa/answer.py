@@ -36,6 +36,7 @@ from app.engine.backend import Backend, GenerationStats, SamplingParams, stream_
 from app.qa import across
 from app.qa.attended import attended_passages
 from app.qa.citations import cite
+from app.qa.conversation import Conversation
 from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.qa.focus import focus_ranges
 from app.qa.pages import (TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, page_ranges, plan_context,
@@ -45,6 +46,7 @@ from app.qa.retrieval import PASSAGES, best_passages, fitted, passage_pages
 from app.qa.spans import PromptLayout
 from app.runtime.auto import ANSWER_FLOOR, BESIDE_ROOM
 from app.store import Store
+from app.store.threads import answer_thread
 
 AUTO, DOCUMENT, FROM_PASSAGES = "auto", "document", "passages"
 SOURCES = (AUTO, DOCUMENT, FROM_PASSAGES)
@@ -100,17 +102,28 @@ class Answer:
     considered: list[dict] | None = None  # several documents in one context: the ones read
     note: str = ""                        # why some of the documents asked about were left out
     answered_from: str = DOCUMENT         # "document" (whole, or its most relevant pages) | "passages"
+    thread_id: int | None = None          # the conversation the answer is a turn of (store/threads.py)
+    turns_left_out: int = 0               # earlier turns of the conversation that no longer fit the context
 
     @property
     def notes(self) -> str:
         """Everything a person should know about what the answer read, in one line."""
-        return " ".join(n for n in (self.note, self.plan.note) if n)
+        return " ".join(n for n in (self.note, self.plan.note, self.turns_note) if n)
+
+    @property
+    def turns_note(self) -> str:
+        n = self.turns_left_out
+        if not n:
+            return ""
+        return (f"The {'oldest turn' if n == 1 else f'{n} oldest turns'} of this conversation no longer "
+                f"{'fits' if n == 1 else 'fit'} the context and {'was' if n == 1 else 'were'} left out.")
 
     def as_dict(self) -> dict:
         d = {"answer": self.answer, "citations": self.citations, "timings": self.timings,
              "engine": self.engine, "model": self.model, "documents": self.doc_ids,
              "context": self.plan.as_dict(), "cancelled": self.cancelled, "answer_id": self.answer_id,
-             "attended": self.attended, "answered_from": self.answered_from, "note": self.note}
+             "attended": self.attended, "answered_from": self.answered_from, "note": self.note,
+             "thread": self.thread_id, "turns_left_out": self.turns_left_out}
         if self.considered is not None:
             d.update(considered=self.considered)
         return d
@@ -167,8 +180,10 @@ def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], pa
            model_name: str = "", on_text: TextSink | None = None, on_stats: StatsSink | None = None,
            cancel: Callable[[], bool] | None = None, progress: ProgressSink | None = None,
            save: bool = True, memory_budget: int | None = None, caches: DocCaches | None = None,
-           options: AnswerOptions = AnswerOptions()) -> Answer:
-    """Answer ``question`` about ``doc_ids`` in one generation, from what ``options`` says.
+           options: AnswerOptions = AnswerOptions(), conversation: Conversation | None = None) -> Answer:
+    """Answer ``question`` about ``doc_ids`` in one generation, from what ``options`` says;
+    as the next turn of ``conversation`` when given (qa/conversation.py: the earlier turns
+    after the documents, the turn added to it and saved to its thread).
     ``on_text`` receives the answer as it streams, ``on_stats`` the engine's statistics with
     each piece (tokens/s, bytes read), ``progress(done, total, line)`` a document being read
     into its cache (tokens read of total, time left); ``cancel`` stops it."""
@@ -179,7 +194,7 @@ def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], pa
         raise AskError("no documents to ask: ingest some first (`ellm ingest FOLDER`)")
     caches = caches or DocCaches(store, store_cache_dir(store))
     job = _Job(store, backend, question, params, model_name, on_text, on_stats, cancel, progress, caches, options,
-               save)
+               save, conversation)
     if options.source == FROM_PASSAGES:
         return job.from_passages(doc_ids)
     if options.source == AUTO:
@@ -207,7 +222,27 @@ class _Job:
     caches: DocCaches
     options: AnswerOptions
     save: bool = True
+    conversation: Conversation | None = None
     t_start: float = field(default_factory=time.perf_counter)
+    left_out: int = 0         # earlier turns of the conversation this question leaves out (``turns``)
+
+    @property
+    def query(self) -> str:
+        """What retrieval looks for: the question, in a conversation with the one before it."""
+        return self.conversation.query(self.question) if self.conversation else self.question
+
+    def turns(self, base: list[int], suffix: list[int], beside: str = "",
+              continuing: bool = False) -> list[int]:
+        """The prompt after the documents' part ``base``: the question's ``suffix``, or in a
+        conversation its earlier turns that fit and then the question (qa/conversation.py)."""
+        conv = self.conversation
+        if conv is None:
+            return suffix
+        room = self.backend.n_ctx - len(base) - self.params.max_tokens
+        after, self.left_out, new = conv.tokens_after(self.backend, self.question, beside, room, continuing)
+        if new:
+            self.backend.question_at(len(base) + len(after) - new)
+        return after
 
     def unread(self, doc_ids: list[int]) -> list[str]:
         """The titles of the documents an answer from the whole of them would have to read first:
@@ -243,7 +278,7 @@ class _Job:
         if not any(d.get("pages") for d in docs):
             raise AskError(f"{'the document has' if len(docs) == 1 else 'none of the documents has'} no text in the "
                            f"store; ingest it again (see `ellm docs` for its status)")
-        passages = best_passages(self.store, doc_ids, self.question, self.options.passages)
+        passages = best_passages(self.store, doc_ids, self.query, self.options.passages)
         if not passages:
             raise AskError("no passage of the documents shares a word with the question: ask it in the "
                            "documents' own words, or ask again once they are read (`ellm read`, the window's "
@@ -259,7 +294,7 @@ class _Job:
                            total_pages=sum(int(d.get("pages") or 0) for d in docs), passages=True)
         prompt = build_prompt(backend, self.question, format_pages(pages))
         stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
-        text = stream.run(prompt.tokens)
+        text = stream.run(prompt.prefix + self.turns(prompt.prefix, prompt.suffix), len(prompt.prefix))
         result = self._finish(text, stream, stream.timings(kv_cache="none"), plan, list(doc_ids),
                               PromptLayout(backend, []), keep=False)
         result.answered_from = FROM_PASSAGES
@@ -282,7 +317,7 @@ class _Job:
         document prefix the backend holds now; the tokens they spell (empty otherwise)."""
         if self.beside_mode != "blocks" or room <= 0:
             return []
-        return self.backend.beside(focus_ranges(self.store, self.question, layout, self.options.passages), room)
+        return self.backend.beside(focus_ranges(self.store, self.query, layout, self.options.passages), room)
 
     def beside_text(self, doc_ids: list[int], room: int) -> str:
         """With "text": the best passages as pages with markers, within ``room`` tokens, to be
@@ -290,7 +325,7 @@ class _Job:
         if self.beside_mode != "text" or room <= 0:
             return ""
         count = token_counter(self.backend)
-        passages = best_passages(self.store, doc_ids, self.question, self.options.passages)
+        passages = best_passages(self.store, doc_ids, self.query, self.options.passages)
         laid_out = lambda pages: count(BESIDE_LEAD + format_pages(pages))  # noqa: E731
         return format_pages(fitted(passage_pages(passages, count, doc_ids), room, passages, laid_out))
 
@@ -321,22 +356,26 @@ class _Job:
                 prompt = build_prompt(backend, self.question, format_pages(plan.pages))
             plan.used_tokens = sum(p.tokens for p in plan.pages)
         params = replace(params, max_tokens=min(params.max_tokens, backend.n_ctx - len(prompt.tokens)))
-        room = backend.n_ctx - len(prompt.tokens) - params.max_tokens - BESIDE_SPARE
+        room = self.beside_room(backend.n_ctx - len(prompt.tokens) - params.max_tokens - BESIDE_SPARE)
         beside = self.beside_text(doc_ids, room)
         if beside:
             prompt = build_prompt(backend, self.question, format_pages(plan.pages), beside)
+        self.params = params
         stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
         t_prefix = time.perf_counter()
         single = doc_ids[0] if len(doc_ids) == 1 else None
         title = plan.pages[0].title if plan.pages and len(doc_ids) == 1 else f"{len(doc_ids)} documents"
-        status = self.caches.prepare(backend, single, prompt.prefix, stream.stop_now,
-                                     ReadingProgress(self.progress, title))
+        continuing = self.conversation is not None and self.conversation.continues(backend, prompt.prefix)
+        status = "hit" if continuing else self.caches.prepare(backend, single, prompt.prefix, stream.stop_now,
+                                                              ReadingProgress(self.progress, title))
         prefix_s = time.perf_counter() - t_prefix
         layout = PromptLayout(backend, [(0, len(prompt.prefix), prompt.prefix_text, plan)])
         text = ""
         if status is not None:
             self._focus(layout)
-            text = stream.run(prompt.prefix + self.beside_blocks(layout, room) + prompt.suffix)
+            base = (self.conversation.held[:self.conversation.base] if continuing
+                    else prompt.prefix + self.beside_blocks(layout, room))
+            text = stream.run(base + self.turns(base, prompt.suffix, beside, continuing), len(base))
         timings = stream.timings(kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         return self._finish(text, stream, timings, plan, list(doc_ids), layout)
 
@@ -351,6 +390,10 @@ class _Job:
         except across.OverBudget as e:
             raise AskError(str(e)) from e
         stream = AnswerStream(backend, self.params, self.cancel, self.on_text, self.on_stats, self.t_start)
+        first = considered[0].prompt
+        composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
+        if self.conversation is not None and self.conversation.continues(backend, composed):
+            return self._across_answer(considered, parts, note, stream, ["hit"], 0.0, continuing=True)
         statuses = []
         for i, p in enumerate(considered):
             if self.caches.registered(backend, p.doc_id, p.prefix) is not None:
@@ -369,19 +412,32 @@ class _Job:
         except across.ComposeError as e:
             raise AskError(str(e)) from e
         compose_s = time.perf_counter() - t_compose
+        return self._across_answer(considered, parts, note, stream, statuses, compose_s, offsets)
+
+    def _across_answer(self, considered: list, parts: list, note: str, stream: AnswerStream, statuses: list[str],
+                       compose_s: float, offsets: list[int] | None = None, continuing: bool = False) -> Answer:
+        """The question read across the documents' caches laid side by side (or, ``continuing`` a
+        conversation, still there from its last turn)."""
+        backend = self.backend
         first = considered[0].prompt
+        composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
+        if offsets is None:          # where compose laid each document: the first after the header
+            offsets = [len(first.header)]
+            for p in considered[:-1]:
+                offsets.append(len(first.prefix) if len(offsets) == 1 else offsets[-1] + len(p.prompt.doc))
         segments = [(0, len(first.prefix), first.prefix_text, ContextPlan(pages=considered[0].pages))]
         segments += [(off, len(p.prompt.doc), p.prompt.doc_text, ContextPlan(pages=p.pages))
                      for off, p in zip(offsets[1:], considered[1:])]
         layout = PromptLayout(backend, segments)
         self._focus(layout)
-        composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
         suffix = first.suffix
-        room = backend.n_ctx - len(composed) - len(suffix) - self.params.max_tokens - BESIDE_SPARE
-        beside = self.beside_text([p.doc_id for p in considered], room)
+        room = self.beside_room(backend.n_ctx - len(composed) - len(suffix) - self.params.max_tokens - BESIDE_SPARE)
+        beside = "" if continuing else self.beside_text([p.doc_id for p in considered], room)
         if beside:
             suffix = question_suffix(backend, self.question, beside)
-        text = stream.run(composed + self.beside_blocks(layout, room) + suffix)
+        base = (self.conversation.held[:self.conversation.base] if continuing
+                else composed + self.beside_blocks(layout, room))
+        text = stream.run(base + self.turns(base, suffix, beside, continuing), len(base))
         timings = stream.timings(kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
                                 compose_s=round(compose_s, 4))
         pages = [pg for p in considered for pg in p.pages]
@@ -396,17 +452,27 @@ class _Job:
 
     # ---- shared ------------------------------------------------------------------------
 
+    def beside_room(self, room: int) -> int:
+        """The room the passages beside the question may take: in a conversation with earlier
+        turns, half of it (the turns need the rest)."""
+        return room // 2 if self.conversation is not None and self.conversation.turns else room
+
     def _focus(self, layout: PromptLayout) -> None:
         """Sparse attention: the answer also reads the passages BM25 ranks best (qa/focus.py)."""
         if self.backend.capabilities.focus:
-            self.backend.focus(focus_ranges(self.store, self.question, layout))
+            self.backend.focus(focus_ranges(self.store, self.query, layout))
 
     def _finish(self, text: str, stream: AnswerStream, timings: dict, plan: ContextPlan, doc_ids: list[int],
                 layout: PromptLayout, keep: bool = True) -> Answer:
         backend = self.backend
-        citations = cite(self.store, text, self.question, plan) if text else []
+        citations = cite(self.store, text, self.query, plan) if text else []
         result = Answer(self.question, text, citations, timings, plan, backend.name, self.model_name, doc_ids,
                         stream.cancelled)
+        conv = self.conversation
+        if conv is not None:
+            result.thread_id, result.turns_left_out = conv.thread_id, self.left_out
+            if stream.prompt:
+                conv.record(self.question, text, stream.prompt, stream.generated, stream.base)
         if backend.capabilities.attended_blocks:
             result.attended = attended_passages(backend, layout)
         if keep:
@@ -416,9 +482,11 @@ class _Job:
     def _save(self, result: Answer) -> None:
         """Store the answer (with what it said so far, if it was stopped); nothing when empty."""
         if result.answer and self.save:
+            thread = self.conversation.thread_id if self.conversation is not None else None
             result.answer_id = self.store.add_answer(result.doc_ids, result.question, result.answer,
                                                      result.citations, self.model_name, self.backend.name,
-                                                     result.timings)
+                                                     result.timings, thread_id=thread)
+            result.thread_id = thread if thread is not None else answer_thread(self.store, result.answer_id)
 
     def _cancelled(self, doc_ids: list[int]) -> Answer:
         return Answer(self.question, "", [], {"total_s": round(time.perf_counter() - self.t_start, 3),
@@ -438,6 +506,9 @@ class AnswerStream:
         self.t_start = t_start
         self.cancelled = False
         self.first_token_s: float | None = None
+        self.prompt: list[int] = []          # the prompt it generated from
+        self.generated: list[int] = []       # the ids it generated (what the backend now holds after the prompt)
+        self.base = 0                        # how many prompt tokens are the documents' part
 
     def stop_now(self) -> bool:
         if self.cancel is not None and self.cancel():
@@ -455,10 +526,17 @@ class AnswerStream:
         timings["total_s"] = round(time.perf_counter() - self.t_start, 3)
         return timings
 
-    def run(self, tokens: list[int]) -> str:
+    def run(self, tokens: list[int], base: int = 0) -> str:
+        """The answer's text; ``base``: how many of ``tokens`` are the documents' part."""
         pieces = []
-        for piece in stream_text(self.backend, self.backend.generate(tokens, self.params, self.stop_now),
-                                 self.params.stop):
+        self.prompt, self.generated, self.base = list(tokens), [], base
+
+        def ids():
+            for token in self.backend.generate(tokens, self.params, self.stop_now):
+                self.generated.append(token)
+                yield token
+
+        for piece in stream_text(self.backend, ids(), self.params.stop):
             if self.first_token_s is None:
                 self.first_token_s = time.perf_counter() - self.t_start
             pieces.append(piece)

@@ -28,6 +28,16 @@ def _page_row(page: tuple) -> tuple:
     return number, start, text, source or "text", note or None, json.dumps(words) if words else None
 
 
+NEW_THREAD = "New conversation"   # the title of a thread until its first question names it
+TITLE_CHARS = 80                  # a thread's title: its first question, cut here
+
+
+def thread_title(question: str) -> str:
+    """The title a thread gets from its first question (one line, at most TITLE_CHARS)."""
+    line = " ".join(question.split())
+    return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1].rstrip() + "\u2026"
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -240,13 +250,24 @@ class Store:
     # ---- Answers and summaries -------------------------------------------
 
     def add_answer(self, doc_ids: list[int], question: str, answer: str, citations: list[dict],
-                   model: str, engine: str, timings: dict) -> int:
+                   model: str, engine: str, timings: dict, thread_id: int | None = None) -> int:
+        """Store an answer as the next turn of ``thread_id`` (None: the first turn of a new thread,
+        titled by the question; store/threads.py)."""
+        stamp = now()
         with self.transaction():
+            if thread_id is None:
+                cur = self.conn.execute(
+                    "INSERT INTO threads (title, kind, doc_ids, created_at, updated_at) VALUES (?, 'selected', ?, ?, ?)",
+                    [thread_title(question) or NEW_THREAD, json.dumps(doc_ids), stamp, stamp])
+                thread_id = int(cur.lastrowid)
+            else:
+                self.conn.execute("UPDATE threads SET updated_at = ?, title = CASE WHEN title = ? THEN ? ELSE title END"
+                                  " WHERE id = ?", [stamp, NEW_THREAD, thread_title(question), int(thread_id)])
             cur = self.conn.execute(
-                "INSERT INTO answers (doc_ids, question, answer, citations, model, engine, timings, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO answers (doc_ids, question, answer, citations, model, engine, timings, created_at,"
+                " thread_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [json.dumps(doc_ids), question, answer, json.dumps(citations), model, engine,
-                 json.dumps(timings), now()],
+                 json.dumps(timings), stamp, int(thread_id)],
             )
             answer_id = int(cur.lastrowid)
             self.conn.executemany("INSERT INTO answer_docs (answer_id, doc_id) VALUES (?, ?)",

@@ -240,6 +240,31 @@ def _v8_token_counts(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v9_threads(conn: sqlite3.Connection) -> None:
+    """Conversations: a thread is about documents (the ones chosen, a folder or everything) and
+    holds its turns, the answers whose ``thread_id`` it is, in the order they were asked. Each
+    answer stored before threads becomes a thread of one turn (same id), so the history a person
+    had is the thread list they get; deleting a thread deletes its turns."""
+    _script(conn,
+        """
+        CREATE TABLE threads (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            kind TEXT NOT NULL DEFAULT 'selected',
+            doc_ids TEXT NOT NULL,
+            folder TEXT,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        );
+        ALTER TABLE answers ADD COLUMN thread_id INTEGER REFERENCES threads(id) ON DELETE CASCADE;
+        INSERT INTO threads (id, title, kind, doc_ids, created_at, updated_at)
+            SELECT id, substr(question, 1, 80), 'selected', doc_ids, created_at, created_at FROM answers;
+        UPDATE answers SET thread_id = id;
+        CREATE INDEX answers_by_thread ON answers(thread_id, id);
+        """
+    )
+
+
 # Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_documents,
@@ -250,6 +275,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v6_batches,
     _v7_page_sources,
     _v8_token_counts,
+    _v9_threads,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

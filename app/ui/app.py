@@ -49,12 +49,12 @@ def install_excepthook(window) -> None:
 
 
 def save_screenshot(app, window, path: str) -> int:
-    """Show the window with the most recent answer (if any), the viewer on its first
-    citation, and save it as a PNG."""
+    """Show the window with the most recent conversation (if any), the viewer on its last
+    answer's first citation, and save it as a PNG."""
     window.resize(1200, 760)
     window.show()
     app.processEvents()
-    window.show_latest_answer()
+    window.show_latest_thread()
     for _ in range(5):
         app.processEvents()
     window.viewer.fit_width()  # the layout has settled: render the page at the final width

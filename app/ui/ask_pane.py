@@ -1,12 +1,12 @@
 """The ask pane: what to ask about (the selected documents, a folder, everything), a
-question, the streamed answer with its citations and timings, and the searchable
-history of earlier answers about the document in the viewer."""
+question, the conversation in view (its turns, the last one streaming) with the citations and
+timings of a turn, and the searchable list of conversations (thread_list.py)."""
 from __future__ import annotations
 
 import html
 import re
 
-from PySide6.QtCore import Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtWidgets import (
     QComboBox, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSplitter,
     QTextBrowser, QVBoxLayout, QWidget,
@@ -14,10 +14,12 @@ from PySide6.QtWidgets import (
 
 from app.qa.targets import AskTarget, KINDS, SELECTED, scope_note
 from app.qa.history import PastAnswer
+from app.ui.thread_list import ThreadList
 from app.ui.widgets import ElidedLabel, info_label
 
 PASSAGE_PREVIEW = 220
-SEARCH_DELAY_MS = 250
+# The questions are links (a click shows that turn's sources), drawn as bold text.
+TURN_STYLE = "a.turn { color: #1f2933; text-decoration: none; }"
 _PAGE_REF = re.compile(r"\[(?:p|pp|page)\.?\s*(\d+)\]", re.IGNORECASE)
 
 
@@ -39,7 +41,8 @@ def _stats_line(timings: dict) -> str:
 
 
 class AskPane(QWidget):
-    """A question, the streamed answer, its citations, timings and history."""
+    """A question, the conversation in view with a turn's citations and timings, and the
+    list of conversations."""
 
     sig_ask = Signal(str)
     """The person asked this question."""
@@ -47,8 +50,6 @@ class AskPane(QWidget):
     """The person wants the answer to stop."""
     sig_citation = Signal(int, int, str)
     """A citation was activated: (document id, page, passage to highlight)."""
-    sig_history_search = Signal(str)
-    """The history search text changed (debounced); "" lists every answer."""
     sig_target_changed = Signal(str)
     """The person chose what to ask about: a kind of app.qa.targets (selected, folder, everything)."""
 
@@ -58,6 +59,12 @@ class AskPane(QWidget):
         self._text = ""
         self._question = ""
         self._shown_citations: list[dict] = []
+        self.turns: list[PastAnswer] = []     # the conversation in view, in the order asked
+        self.turn = -1                        # the turn whose sources and timings are shown
+        self._last_note = ""                  # what the answer service said of the last turn
+        self._last_attended: list[dict] | None = None
+        self._cancelled = False               # the last turn was stopped
+        self._earlier = ""                    # the earlier turns as HTML, while one streams
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         top = QHBoxLayout()
@@ -97,6 +104,7 @@ class AskPane(QWidget):
         self.answer = QTextBrowser()
         self.answer.setObjectName("answer")
         self.answer.setOpenLinks(False)
+        self.answer.document().setDefaultStyleSheet(TURN_STYLE)
         self.answer.anchorClicked.connect(self._anchor)
         top_layout.addWidget(self.answer, 1)
         self.note = info_label("", "note")
@@ -137,33 +145,10 @@ class AskPane(QWidget):
         self._show_attended(False)
         splitter.addWidget(sources)
 
-        past = QWidget()
-        past_layout = QVBoxLayout(past)
-        past_layout.setContentsMargins(0, 0, 0, 0)
-        past_row = QHBoxLayout()
-        past_row.addWidget(_heading("History"))
-        self.history_search = QLineEdit()
-        self.history_search.setObjectName("historySearch")
-        self.history_search.setPlaceholderText("Search earlier questions and answers…")
-        self.history_search.setClearButtonEnabled(True)
-        past_row.addWidget(self.history_search, 1)
-        past_layout.addLayout(past_row)
-        self.history = QListWidget()
-        self.history.setObjectName("history")
-        self.history.setWordWrap(True)
-        self.history.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.history.itemActivated.connect(self._history_item)
-        self.history.itemClicked.connect(self._history_item)
-        past_layout.addWidget(self.history, 1)
-        splitter.addWidget(past)
-        splitter.setSizes([230, 210, 120])
+        self.threads = ThreadList()
+        splitter.addWidget(self.threads)
+        splitter.setSizes([230, 180, 150])
         layout.addWidget(splitter, 1)
-
-        self._search_timer = QTimer(self)
-        self._search_timer.setSingleShot(True)
-        self._search_timer.setInterval(SEARCH_DELAY_MS)
-        self._search_timer.timeout.connect(lambda: self.sig_history_search.emit(self.history_search.text()))
-        self.history_search.textChanged.connect(lambda _: self._search_timer.start())
 
     # ---- Public API --------------------------------------------------------
 
@@ -171,38 +156,50 @@ class AskPane(QWidget):
         """What the person chose to ask about (a kind of app.qa.targets)."""
         return self.target.currentData()
 
-    def set_target_kind(self, kind: str) -> None:
+    def set_target_kind(self, kind: str, quiet: bool = False) -> None:
+        """Choose ``kind``; ``quiet``: without telling (the window shows a conversation of that kind)."""
+        self.target.blockSignals(quiet)
         self.target.setCurrentIndex(max(self.target.findData(kind), 0))
+        self.target.blockSignals(False)
 
-    def show_target(self, target: AskTarget, titles: dict[int, str]) -> None:
-        """Show what a question would be asked about."""
+    def show_target(self, target: AskTarget, titles: dict[int, str], follow_up: bool = False) -> None:
+        """Show what a question would be asked about (``follow_up``: in the conversation in view)."""
         self.titles = titles
         self.heading.setText(target.heading)
         self.heading.setToolTip(target.detail)
         many = len(target.doc_ids) > 1 or (target.kind != SELECTED and not target.doc_ids)
-        self.question.setPlaceholderText("Ask about these documents…" if many
-                                         else "Ask a question about the whole document…")
+        if follow_up:
+            self.question.setPlaceholderText("Ask a follow-up question…")
+        else:
+            self.question.setPlaceholderText("Ask about these documents…" if many
+                                             else "Ask a question about the whole document…")
 
     def set_busy(self, busy: bool) -> None:
         self.ask_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
+        self.threads.enabled = not busy                # the view stays on the answer coming in
+        self.threads.new_button.setEnabled(not busy)
 
-    def begin(self, question: str, n_docs: int = 1) -> None:
+    def begin(self, question: str, n_docs: int = 1, follow_up: bool = False) -> None:
+        """A question is being answered: after the turns in view when it ``follow_up``s them."""
         self._text = ""
-        self.answer.setHtml(f"<p><b>{html.escape(question)}</b></p>")
+        if not follow_up:
+            self.turns, self.turn, self._cancelled = [], -1, False
+        self._earlier = self._html(self.turns)
+        self._question = question
+        self.answer.setHtml(self._earlier + self._question_html(question, len(self.turns)))
         self.citations.clear()
         self.attended.clear()
         self._show_attended(False)
         self.note.setVisible(False)
         self.reading.setVisible(False)
         self.stats.setText("Preparing the answer…" if n_docs == 1 else f"Preparing the answer from {n_docs} documents…")
-        self._question = question
 
     def append(self, piece: str) -> None:
         """One more streamed piece of the answer."""
         self._text += piece
         body = html.escape(self._text).replace("\n", "<br>")
-        self.answer.setHtml(f"<p><b>{html.escape(self._question)}</b></p><p>{body}▍</p>")
+        self.answer.setHtml(f"{self._earlier}{self._question_html(self._question, len(self.turns))}<p>{body}▍</p>")
         bar = self.answer.verticalScrollBar()
         bar.setValue(bar.maximum())
 
@@ -224,40 +221,55 @@ class AskPane(QWidget):
     def show_answer(self, question: str, answer: str, citations: list[dict], timings: dict,
                     titles: dict[int, str], note: str = "", cancelled: bool = False,
                     attended: list[dict] | None = None) -> None:
-        self.titles = titles
-        self._shown_citations = list(citations)
-        body = self._linked(answer, citations)
-        stopped = " <i>(stopped)</i>" if cancelled else ""
-        self.answer.setHtml(f"<p><b>{html.escape(question)}</b></p><p>{body}{stopped}</p>")
+        """One answer on its own (not a turn of a conversation)."""
+        self.show_thread([PastAnswer(-1, question, answer, citations, timings, [], "")], titles, note, cancelled,
+                         attended)
+
+    def show_thread(self, turns: list[PastAnswer], titles: dict[int, str] | None = None, note: str = "",
+                    cancelled: bool = False, attended: list[dict] | None = None) -> None:
+        """A conversation's turns, with the sources and timings of the last one; ``note``,
+        ``cancelled`` and ``attended`` are what the answer service said of the last turn."""
+        if titles is not None:
+            self.titles = titles
+        self.turns = list(turns)
+        self._last_note, self._cancelled, self._last_attended = note, cancelled, attended
+        self.answer.setHtml(self._html(self.turns))
+        bar = self.answer.verticalScrollBar()
+        bar.setValue(bar.maximum())
+        self.show_turn(len(self.turns) - 1)
+
+    def show_turn(self, index: int) -> None:
+        """The sources, note and timings of turn ``index`` of the conversation in view."""
+        self.turn = index
+        self.reading.setVisible(False)
+        if not 0 <= index < len(self.turns):
+            self._shown_citations = []
+            self._fill(self.citations, [])
+            self._fill(self.attended, [])
+            self._show_attended(False)
+            self.note.setVisible(False)
+            self.stats.setText("")
+            return
+        t = self.turns[index]
+        last = index == len(self.turns) - 1
+        note = self._last_note if last and self._last_note else scope_note(t.doc_ids, self.titles)
+        attended = (self._last_attended if last and self._last_attended is not None else t.attended) or []
+        self._shown_citations = list(t.citations)
         self.note.setText(f"Note: {note}" if note else "")
         self.note.setVisible(bool(note))
-        self._fill(self.citations, citations)
-        self._fill(self.attended, attended or [])
+        self._fill(self.citations, t.citations)
+        self._fill(self.attended, attended)
         self._show_attended(bool(attended))
-        self.reading.setVisible(False)
-        self.stats.setText(_stats_line(timings))
+        self.stats.setText(_stats_line(t.timings))
 
     def show_past(self, past: PastAnswer) -> None:
-        self.show_answer(past.question, past.answer, past.citations, past.timings, self.titles,
-                         note=scope_note(past.doc_ids, self.titles), attended=past.attended)
+        """One stored answer on its own."""
+        self.show_thread([past])
 
-    def set_history(self, entries: list[PastAnswer], select_id: int | None = None) -> None:
-        self.history.clear()
-        for e in entries:
-            item = QListWidgetItem(e.label())
-            item.setData(Qt.UserRole, e)
-            item.setToolTip(e.answer[:400])
-            self.history.addItem(item)
-            if e.id == select_id:
-                self.history.setCurrentItem(item)
-        if not entries:
-            item = QListWidgetItem("No matching answers" if self.history_search.text().strip()
-                                   else "No questions asked about this document yet")
-            item.setFlags(Qt.NoItemFlags)
-            self.history.addItem(item)
-
-    def history_entries(self) -> list[PastAnswer]:
-        return [e for e in (self.history.item(i).data(Qt.UserRole) for i in range(self.history.count())) if e]
+    def clear_view(self, text: str = "") -> None:
+        """No conversation in view (a new one starts with the next question); ``text`` says so."""
+        self.show_thread([])
+        self.answer.setHtml(f'<p style="color:#6b7280">{html.escape(text)}</p>' if text else "")
 
     # ---- Internals -------------------------------------------------------------
 
@@ -277,23 +289,48 @@ class AskPane(QWidget):
             item.setToolTip(text)
             widget.addItem(item)
 
-    def _linked(self, answer: str, citations: list[dict]) -> str:
-        """The answer as HTML with its own page references ([p. N]) clickable."""
+    def _html(self, turns: list[PastAnswer]) -> str:
+        """The turns as HTML: each question (a link to its sources), then its answer."""
+        parts = []
+        for i, t in enumerate(turns):
+            stopped = " <i>(stopped)</i>" if self._cancelled and i == len(turns) - 1 else ""
+            answer = self._linked(t.answer, t.citations, i)
+            parts.append(f"{self._question_html(t.question, i)}<p>{answer}{stopped}</p>")
+        return "".join(parts)
+
+    @staticmethod
+    def _question_html(question: str, index: int) -> str:
+        rule = "<hr>" if index else ""
+        return f'{rule}<p><a class="turn" href="turn:{index}"><b>{html.escape(question)}</b></a></p>'
+
+    def _linked(self, answer: str, citations: list[dict], turn: int) -> str:
+        """The answer of turn ``turn`` as HTML with its own page references ([p. N]) clickable."""
         doc = citations[0]["doc"] if citations else None
         out, pos = [], 0
         for m in _PAGE_REF.finditer(answer):
             out.append(html.escape(answer[pos:m.start()]))
             ref = html.escape(m.group())
-            out.append(f'<a href="page:{m.group(1)}">{ref}</a>' if doc is not None else ref)
+            out.append(f'<a href="page:{turn}:{m.group(1)}">{ref}</a>' if doc is not None else ref)
             pos = m.end()
         out.append(html.escape(answer[pos:]))
         return "".join(out).replace("\n", "<br>")
 
     def _anchor(self, url: QUrl) -> None:
-        text = url.toString()
-        if not text.startswith("page:") or not self._shown_citations:
+        """A question (``turn:T``) shows its turn's sources; a page reference (``page:T:N``, or
+        ``page:N`` of the turn shown) opens the page it cites."""
+        kind, _, rest = url.toString().partition(":")
+        turn, _, page = rest.rpartition(":")
+        streaming = self.stop_button.isEnabled()   # the view is the answer coming in: it stays
+        if kind == "turn" and page.isdigit() and not streaming:
+            self.show_turn(int(page))
             return
-        page = int(text.split(":", 1)[1])
+        if kind != "page" or not page.isdigit():
+            return
+        if turn.isdigit() and int(turn) != self.turn and not streaming:
+            self.show_turn(int(turn))
+        if not self._shown_citations:
+            return
+        page = int(page)
         match = next((c for c in self._shown_citations if c["page"] == page), None)
         doc = match["doc"] if match else self._shown_citations[0]["doc"]
         self.sig_citation.emit(doc, page, match.get("text", "") if match else "")
@@ -301,11 +338,6 @@ class AskPane(QWidget):
     def _citation(self, item: QListWidgetItem) -> None:
         doc_id, page, passage = item.data(Qt.UserRole)
         self.sig_citation.emit(doc_id, page, passage)
-
-    def _history_item(self, item: QListWidgetItem) -> None:
-        past = item.data(Qt.UserRole)
-        if past is not None and self.ask_button.isEnabled():
-            self.show_past(past)
 
     def _show_attended(self, visible: bool) -> None:
         self.attended_heading.setVisible(visible)

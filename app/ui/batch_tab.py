@@ -61,9 +61,10 @@ class BatchTab(QWidget):
         self.questions.setPlaceholderText("One question a line, asked of every document")
         self.questions.setMaximumHeight(110)
         layout.addWidget(self.questions)
-        row = QHBoxLayout()
         self.summarize_box = QCheckBox("Summarize each document too")
-        row.addWidget(self.summarize_box)
+        # A line of its own: the tab stays narrow, and the library's titles get the room.
+        layout.addWidget(self.summarize_box)
+        row = QHBoxLayout()
         row.addStretch(1)
         self.run_button = QPushButton("Run batch")
         self.run_button.setObjectName("primary")

@@ -14,8 +14,13 @@ from app.ui.widgets import info_label
 COLUMNS = ("Title", "Pages", "Tokens", "Status", "Read")
 READ_COLUMN = COLUMNS.index("Read")
 ALL_FOLDERS = "All folders"
-STATUS_WIDTH = 96
-READ_WIDTH = 80   # the state elides; its whole text is in the tooltip
+# The title is what a person picks a document by: it takes the room the other columns leave,
+# and they keep to what their usual values need (a long state or failure elides; its whole
+# text is in the tooltip and the details line).
+PAGES_WIDTH = 48
+TOKENS_WIDTH = 58   # "61.2K", "1.23M"
+STATUS_WIDTH = 68
+READ_WIDTH = 66
 WATCH_DELAY_MS = 1500  # editors write a file in several steps; wait for the last one
 MAX_WATCHED_FILES = 4000  # inotify watches are a per-user budget; past this, folders only (Rescan finds edits)
 
@@ -74,15 +79,13 @@ class LibraryPane(QWidget):
         self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.table.setTextElideMode(Qt.ElideRight)
         header = self.table.horizontalHeader()
+        header.setMinimumSectionSize(36)
         header.setSectionResizeMode(0, QHeaderView.Stretch)
-        for col in (1, 2):
-            header.setSectionResizeMode(col, QHeaderView.ResizeToContents)
-        # A failure reason can be long: the column keeps its width and elides it; the
-        # whole reason is in the tooltip and in the details line under the table.
-        header.setSectionResizeMode(3, QHeaderView.Interactive)
-        header.resizeSection(3, STATUS_WIDTH)
-        header.setSectionResizeMode(READ_COLUMN, QHeaderView.Interactive)   # "reading 42 %, 3 min left"
-        header.resizeSection(READ_COLUMN, READ_WIDTH)
+        # The others keep their widths (a person can drag them wider); a failure reason or
+        # "reading 42 %, 3 min left" elides, whole in the tooltip and the details line.
+        for col, width in ((1, PAGES_WIDTH), (2, TOKENS_WIDTH), (3, STATUS_WIDTH), (READ_COLUMN, READ_WIDTH)):
+            header.setSectionResizeMode(col, QHeaderView.Interactive)
+            header.resizeSection(col, width)
         self.table.itemSelectionChanged.connect(self._selection_changed)
         layout.addWidget(self.table, 1)
 
@@ -135,11 +138,15 @@ class LibraryPane(QWidget):
         self.table.setRowCount(len(shown))
         for r, d in enumerate(shown):
             status = d["status"] if not d["error"] else f"{d['status']}: {d['error']}"
-            values = (d["title"] or d["path"], str(d["pages"]), str(d["tokens"]), status, d.get("read", ""))
+            title = d["title"] or d["path"]
+            tokens = int(d["tokens"] or 0)
+            values = (title, str(d["pages"]), short_count(tokens), status, d.get("read", ""))
+            details = (status if d["error"] else "", f"{d['pages']} pages", f"{tokens:,} tokens", status,
+                       d.get("read", ""))
             for c, v in enumerate(values):
                 item = QTableWidgetItem(v)
                 item.setData(Qt.UserRole, d["id"])
-                item.setToolTip(d["path"] + (f"\n{status}" if d["error"] else ""))
+                item.setToolTip(row_tip(d, details[c]))
                 if c in (1, 2):
                     item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 if d["status"] == "failed":
@@ -156,14 +163,14 @@ class LibraryPane(QWidget):
 
     def set_read_state(self, doc_id: int, state: str) -> None:
         """A document's reading state ("not read", "reading 42 %, 3 min left", "read")."""
-        for d in self.docs:
-            if d["id"] == doc_id:
-                d["read"] = state
+        doc = next((d for d in self.docs if d["id"] == doc_id), None)
+        if doc is not None:
+            doc["read"] = state
         for r in range(self.table.rowCount()):
             item = self.table.item(r, READ_COLUMN)
             if item is not None and item.data(Qt.UserRole) == doc_id:
                 item.setText(state)
-                item.setToolTip(state)
+                item.setToolTip(row_tip(doc, state) if doc is not None else state)
 
     def selected_ids(self) -> list[int]:
         rows = sorted({i.row() for i in self.table.selectedItems()})
@@ -243,6 +250,21 @@ class LibraryPane(QWidget):
     def _selection_changed(self) -> None:
         self._show_details()
         self.sig_selection_changed.emit(self.selected_ids())
+
+
+def row_tip(doc: dict, detail: str = "") -> str:
+    """A row's tooltip: the whole title and the path (a narrow column elides the title), then
+    what the cell says in full."""
+    return "\n".join(x for x in (doc["title"] or doc["path"], doc["path"] if doc["title"] else "", detail) if x)
+
+
+def short_count(n: int) -> str:
+    """A token count in a narrow column: 950, 61.2K, 1.23M (the exact count is in the tooltip)."""
+    if n < 10_000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n / 1000:.1f}K" if n < 100_000 else f"{n // 1000}K"
+    return f"{n / 1_000_000:.2f}M"
 
 
 class FolderWatcher(QObject):

@@ -10,11 +10,16 @@ from PySide6.QtCore import Qt, QThreadPool
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, QTabWidget, QToolBar
 
+from app.qa import history
+from app.qa.conversation import Conversation
+from app.qa.history import PastAnswer
 from app.qa.targets import AskTarget, resolve, scope_note
-from app.qa.history import PastAnswer, history, latest
-from app.session import Session
+from app.session import Session, SessionError
+from app.store.threads import create_thread
+from app.ui.api_switch import ApiSwitch
 from app.ui.ask_pane import AskPane
 from app.ui.batch_tab import BatchTab
+from app.ui.conversations import ConversationsMixin
 from app.ui.hardware_tab import HardwareTab
 from app.ui.library import FolderWatcher, LibraryPane
 from app.ui.reader import ReadAhead
@@ -29,7 +34,7 @@ LIBRARY_REFRESH_S = 0.5  # while ingesting, show new documents at most this ofte
 CLOSE_WAIT_MS = 15_000  # how long closing waits for cancelled work to reach a stopping point
 
 
-class MainWindow(QMainWindow):
+class MainWindow(ConversationsMixin, QMainWindow):
     def __init__(self, session: Session, read_ahead: bool = False):
         """``read_ahead``: read the library's documents into their KV caches in the background
         (the app does; tests that do not test it leave it off)."""
@@ -40,6 +45,11 @@ class MainWindow(QMainWindow):
         self.ingest_job: Job | None = None
         self.ask_job: Job | None = None
         self.pending_rescan: list[str] = []  # folders that changed while an ingestion ran
+        self.thread_id: int | None = None    # the conversation in view; None: the next question starts one
+        # The conversations continued in this window: each keeps the tokens the backend holds of
+        # its last turn, so a follow-up prefills only its own (qa/conversation.py).
+        self.conversations: dict[int, Conversation] = {}
+        self._new_thread: int | None = None  # the thread the question being answered started
         self._ingest_summary = ""
         self._last_refresh = 0.0
         self.setWindowTitle("eLLM — ask your documents")
@@ -64,7 +74,7 @@ class MainWindow(QMainWindow):
         for w in (self.library, self.viewer, self.tabs):
             splitter.addWidget(w)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([370, 390, 440])
+        splitter.setSizes([410, 350, 440])
         self.setCentralWidget(splitter)
         self.watcher = FolderWatcher(parent=self)
         self.reader = ReadAhead(session, self.pool, parent=self)
@@ -74,24 +84,35 @@ class MainWindow(QMainWindow):
         self.reader.sig_state.connect(self.library.set_read_state)
 
         self.library.sig_selection_changed.connect(self.selection_changed)
-        self.library.folder_filter.currentIndexChanged.connect(self.update_target)
+        self.library.folder_filter.currentIndexChanged.connect(self.view_changed)
         self.library.sig_open_folder.connect(self.choose_folder)
         self.library.sig_remove_folder.connect(self.remove_folder)
         self.library.cancel_button.clicked.connect(self.cancel_ingest)
         self.ask_pane.sig_ask.connect(self.ask)
         self.ask_pane.sig_stop.connect(self.stop)
         self.ask_pane.sig_citation.connect(self.show_citation)
-        self.ask_pane.sig_history_search.connect(self.search_history)
-        self.ask_pane.sig_target_changed.connect(self.update_target)
+        self.ask_pane.sig_target_changed.connect(self.view_changed)
+        threads = self.ask_pane.threads
+        threads.sig_search.connect(lambda _: self.list_threads())
+        threads.sig_chosen.connect(self.open_thread)
+        threads.sig_new.connect(self.new_conversation)
+        threads.sig_rename.connect(self.ask_rename_thread)
+        threads.sig_delete.connect(self.ask_delete_thread)
         self.watcher.sig_changed.connect(self.folders_changed)
         self.batch_tab.sig_citation.connect(self.show_citation)
         for pane in (self.summary_pane, self.hardware_tab, self.batch_tab):
             pane.sig_error.connect(self.show_error)
             pane.sig_message.connect(self.statusBar().showMessage)
+        self.api = ApiSwitch(session, self)
+        self.api.sig_error.connect(self.show_error)
+        self.api.sig_message.connect(self.statusBar().showMessage)
+        self.statusBar().addPermanentWidget(self.api.label)
         self.statusBar().showMessage(f"Data: {session.paths.root}")
         self.refresh()
+        self.view_changed()
         if read_ahead:
             self.reader.start()
+        self.apply_api_setting()
 
     def _build_actions(self) -> None:
         toolbar = QToolBar("Main")
@@ -206,8 +227,13 @@ class MainWindow(QMainWindow):
         return self.ask_job is not None or self.summary_pane.job is not None
 
     def update_target(self) -> AskTarget:
+        """Show what the next question is asked about: the conversation in view's documents, or
+        the ask target; returns the ask target."""
         target = self.ask_target()
-        self.ask_pane.show_target(target, self.titles())
+        summary = self.thread_in_view()
+        titles = self.titles()
+        shown = history.thread_target(summary, titles) if summary is not None else target
+        self.ask_pane.show_target(shown, titles, follow_up=summary is not None)
         return target
 
     def selection_changed(self, ids: list[int]) -> None:
@@ -218,20 +244,7 @@ class MainWindow(QMainWindow):
             self.viewer.show_document(first)
         if self.summary_pane.doc is None or first is None or self.summary_pane.doc["id"] != first["id"]:
             self.summary_pane.set_document(first)
-        if first is None:
-            self.ask_pane.set_history([])
-            return
-        entries = self.search_history(self.ask_pane.history_search.text())
-        if entries and self.ask_job is None and not self.ask_pane.history_search.text().strip():
-            self.ask_pane.show_past(entries[0])
-
-    def search_history(self, text: str) -> list[PastAnswer]:
-        """The current document's earlier answers matching ``text`` (all for ""), shown in the
-        list; answers asked across several documents are listed under each of them."""
-        current = self.library.current_id()
-        entries = history(self.session.store, current, text) if current is not None else []
-        self.ask_pane.set_history(entries)
-        return entries
+        self.view_changed()
 
     def ask(self, question: str) -> Job | None:
         """Ask ``question`` about the ask pane's target: one document, several, a folder or
@@ -243,12 +256,21 @@ class MainWindow(QMainWindow):
         if self.batch_tab.uses_window_engine():
             self.show_error("A batch is using the model in this window: stop it (Batch tab) or wait for it.")
             return None
+        summary = self.thread_in_view()
         target = self.update_target()
+        if summary is not None:
+            target = history.thread_target(summary, self.titles())
         ids = list(target.doc_ids)
         if not ids:
             self.show_error(f"{target.heading}.")
             return None
         session = self.session
+        if summary is None:     # a new conversation: its first question names it
+            thread_id = create_thread(session.store, ids, title=question, kind=target.kind, folder=target.folder)
+            self._new_thread = self.thread_id = thread_id
+            conv = self.conversations[thread_id] = Conversation(thread_id)
+        else:
+            conv = self.conversation(summary)
 
         self.reader.prefer(ids)    # a document not read yet is answered from passages: read it next
         self.reader.suspend()      # the engine answers first; reading carries on afterwards
@@ -258,7 +280,7 @@ class MainWindow(QMainWindow):
                 return answer(session.store, session.backend(session.doc_tokens(ids)), question, ids,
                               session.sampling(), model_name=session.model_path.name, on_text=ctl.text,
                               on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
-                              cancel=ctl.cancelled, progress=ctl.progress)
+                              cancel=ctl.cancelled, progress=ctl.progress, conversation=conv)
 
         job = Job(work)
         job.signals.sig_text.connect(self._streamed)
@@ -267,10 +289,12 @@ class MainWindow(QMainWindow):
         job.signals.sig_done.connect(self._answered)
         job.signals.sig_error.connect(self.show_error)
         job.signals.sig_finished.connect(self._ask_finished)
-        self.ask_pane.begin(question, len(ids))
+        self.ask_pane.begin(question, len(ids), follow_up=summary is not None)
         self.ask_pane.set_busy(True)
         self.tabs.setCurrentWidget(self.ask_pane)
         self.ask_job = start(job, self.pool)
+        self.list_threads()
+        self.ask_pane.threads.select(self.thread_id)
         return job
 
     def stop(self) -> None:
@@ -287,28 +311,19 @@ class MainWindow(QMainWindow):
                                                                  " (the passage could not be located on the page)"))
         return found
 
-    def show_latest_answer(self) -> PastAnswer | None:
-        """Select the most recently answered document, show that answer and open the
-        viewer on its first citation (what `ellm gui --screenshot` shows)."""
-        past = latest(self.session.store)
-        if past is None or not past.doc_ids:
-            if self.docs:
-                self.library.select_id(next((d["id"] for d in self.docs if d["status"] == "ingested"),
-                                            self.docs[0]["id"]))
-            return None
-        self.library.select_id(past.doc_ids[0])
-        self.ask_pane.show_past(past)
-        self.ask_pane.set_history(history(self.session.store, past.doc_ids[0]), select_id=past.id)
-        if past.citations:
-            c = past.citations[0]
-            self.show_citation(c["doc"], c["page"], c.get("text", ""))
-        return past
-
     def open_settings(self) -> SettingsDialog:
         dialog = SettingsDialog(self.session, self)
-        dialog.accepted.connect(lambda: self.statusBar().showMessage("Settings saved; used from the next answer"))
+        dialog.accepted.connect(self._settings_saved)
         dialog.open()
         return dialog
+
+    def apply_api_setting(self) -> None:
+        """Start or stop the local API server as the settings say (loopback only)."""
+        try:
+            settings = self.session.settings
+        except SessionError:
+            return      # the stored settings are unusable: the settings dialog says why
+        self.api.apply(settings)
 
     def show_error(self, message: str) -> None:
         """A readable message in the status bar and a non-modal box (never a traceback)."""
@@ -332,6 +347,7 @@ class MainWindow(QMainWindow):
         """Closing stops the work in progress: an answer at its next token, ingestion
         after the current file, a summary at its next token, reading after its chunk."""
         self.reader.stop()
+        self.api.stop()
         for job in (self.ask_job, self.ingest_job, self.summary_pane.job, self.batch_tab.job):
             if job is not None:
                 job.cancel()
@@ -379,14 +395,17 @@ class MainWindow(QMainWindow):
         if engine_note:
             self.statusBar().showMessage(engine_note)
         titles = self.titles()
-        # Why some documents or pages were left out; else, for several, which were asked.
+        # Why some documents or pages were left out (or earlier turns); else, for several, which were asked.
         note = answer.notes or scope_note(answer.doc_ids, titles)
-        self.ask_pane.show_answer(answer.question, answer.answer, answer.citations, answer.timings,
-                                  titles, note, answer.cancelled, answer.attended)
-        current = self.library.current_id()
-        if current is not None:
-            self.ask_pane.set_history(history(self.session.store, current, self.ask_pane.history_search.text()),
-                                      select_id=answer.answer_id)
+        this = PastAnswer(answer.answer_id or -1, answer.question, answer.answer, answer.citations, answer.timings,
+                          list(answer.doc_ids), "", thread_id=answer.thread_id)
+        shown = [this]
+        if answer.thread_id is not None and history.thread(self.session.store, answer.thread_id) is not None:
+            self.thread_id = answer.thread_id
+            shown = history.turns(self.session.store, answer.thread_id)
+            if answer.answer_id is None:   # stopped before its first word: not stored
+                shown.append(this)
+        self.ask_pane.show_thread(shown, titles, note, answer.cancelled, answer.attended)
 
     def _ask_progress(self, done: int, total: int, what: str) -> None:
         """Before the answer: a document being read into its cache, tokens read of total."""
@@ -394,10 +413,16 @@ class MainWindow(QMainWindow):
 
     def _ask_finished(self) -> None:
         self.ask_job = None
+        self.forget_empty_thread()
         self.reader.carry_on()
         self.refresh(watch=False)   # the document asked about is read now
         self.ask_pane.set_busy(False)
+        self.list_threads()
         self.hardware_tab.set_live(None, None)
+
+    def _settings_saved(self) -> None:
+        self.statusBar().showMessage("Settings saved; used from the next answer")
+        self.apply_api_setting()
 
     def _tab_changed(self, index: int) -> None:
         if self.tabs.widget(index) is self.hardware_tab:

@@ -1,5 +1,5 @@
 """The settings dialog: model, engine, context, KV precision, attention, sampling,
-threads and NUMA policy. It edits an ``app.config.Settings`` and saves it through
+threads and NUMA policy, and the local API server. It edits an ``app.config.Settings`` and saves it through
 the session; the defaults are Settings' own (one table). The KV quality probe
 (``ellm kv-probe``) runs from here on a document, in the background."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QAbstractSpinBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
-    QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
+    QAbstractSpinBox, QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
+    QGroupBox, QHBoxLayout, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
 )
 
 from app.runtime.auto import AUTO, SMALL_KV
@@ -45,6 +45,8 @@ SPARSE_FIELDS = (
 SPARSE_FIXED = "the engine's default; `ellm bench --sinks --window --top-k` measures others"
 KV_PROBE_TIP = ("Compares the chosen KV precision with f16 on the first 4096 tokens of the selected document "
                 "(the first one when none is selected): how much the model's next-token predictions change")
+API_TIP = ("Other programs on this computer (editors, scripts, notebooks, OpenAI clients) can ask about your "
+           "documents through it; it listens on 127.0.0.1 only, so nothing beyond this computer can reach it")
 NUMA_LABELS = {"distribute": "distribute (use every node)", "isolate": "isolate (one node)", "none": "none"}
 GiB = 1 << 30
 
@@ -223,6 +225,23 @@ class SettingsDialog(QDialog):
         form.addRow("NUMA policy", self.numa)
         layout.addWidget(machine)
 
+        api_box = QGroupBox("Local API server")
+        form = QFormLayout(api_box)
+        self.api_server = QCheckBox("Serve a local OpenAI-compatible API")
+        self.api_server.setObjectName("apiServer")
+        self.api_server.setToolTip(API_TIP)
+        form.addRow(self.api_server)
+        self.api_port = QSpinBox()
+        self.api_port.setObjectName("apiPort")
+        self.api_port.setRange(1, 65535)
+        self.api_port.setToolTip("The port on 127.0.0.1 it listens on")
+        form.addRow("Port", self.api_port)
+        self.api_info = info_label("", "apiInfo")
+        form.addRow("", self.api_info)
+        self.api_server.toggled.connect(self._api_changed)
+        self.api_port.valueChanged.connect(self._api_changed)
+        layout.addWidget(api_box)
+
         self.error = info_label("", "error")
         self.error.setVisible(False)
         layout.addWidget(self.error)
@@ -263,6 +282,9 @@ class SettingsDialog(QDialog):
         self.seed.setValue(s.seed)
         self.threads.setValue(s.threads)
         self.numa.setCurrentIndex(max(self.numa.findData(s.numa), 0))
+        self.api_server.setChecked(s.api_server)
+        self.api_port.setValue(s.api_port)
+        self._api_changed()
         self.error.setVisible(False)
 
     def values(self) -> Settings:
@@ -272,7 +294,8 @@ class SettingsDialog(QDialog):
                        top_k=self.top_k.value(), top_p=round(self.top_p.value(), 4),
                        repeat_penalty=round(self.repeat_penalty.value(), 4), max_tokens=self.max_tokens.value(),
                        seed=self.seed.value(), threads=self.threads.value(), numa=self.numa.currentData(),
-                       kv=self.kv.currentData(), attention=self.attention.currentData())
+                       kv=self.kv.currentData(), attention=self.attention.currentData(),
+                       api_server=self.api_server.isChecked(), api_port=self.api_port.value())
         if changes["n_ctx"] and changes["max_tokens"] >= changes["n_ctx"]:
             raise ValueError(f"the longest answer ({changes['max_tokens']} tokens) must be shorter than the "
                              f"context length ({changes['n_ctx']} tokens)")
@@ -409,6 +432,21 @@ class SettingsDialog(QDialog):
         self.probe_info.style().unpolish(self.probe_info)
         self.probe_info.style().polish(self.probe_info)
         self.probe_info.setVisible(True)
+
+    def _api_changed(self) -> None:
+        """Where the server serves (the window's ApiSwitch), or where it would once saved."""
+        switch = getattr(self.parent(), "api", None)
+        port = self.api_port.value()
+        now = switch.describe() if switch is not None else ""
+        serving = switch is not None and switch.running and switch.port == port
+        if self.api_server.isChecked() and serving:
+            text = now
+        elif self.api_server.isChecked():
+            text = f"Serves at http://127.0.0.1:{port}/v1 once saved" + (f" ({now})" if now and not serving else "")
+        else:
+            text = "Off" + (" once saved" if switch is not None and switch.running else "") + \
+                f": other programs cannot use eLLM (when on: http://127.0.0.1:{port}/v1)"
+        self.api_info.setText(text)
 
     def _attention_changed(self) -> None:
         """The sparse options matter (and are shown enabled) only with sparse attention."""

@@ -118,6 +118,25 @@ def test_truncating_elsewhere_rounds_down_to_a_block(llama):
     assert cache.n_tokens == 32
 
 
+def test_truncating_inside_the_last_block_keeps_that_point_and_equals_a_fresh_run(llama):
+    """A conversation's next turn cuts the cache inside its last, partly filled block (the
+    answer's last tokens are recomputed with the new turn): the f16 tail still holds what comes
+    before, so nothing else is recomputed, and the result is a fresh run's."""
+    rng = np.random.default_rng(4)
+    head = rng.integers(3, 2000, 52).tolist()            # ends inside block 3 (16-token blocks)
+    tail = rng.integers(3, 2000, 5).tolist()
+    more = rng.integers(3, 2000, 10).tolist()
+    fresh = _cache(llama)
+    prefill(llama, fresh, head, chunk=32)
+    want = prefill(llama, fresh, more, chunk=32, all_logits=True)
+    cut = _cache(llama)
+    prefill(llama, cut, head, chunk=32)
+    prefill(llama, cut, tail, chunk=32)
+    assert cut.common_prefix(head + more) == len(head)
+    assert cut.truncate(len(head)) == len(head)
+    assert np.array_equal(prefill(llama, cut, more, chunk=32, all_logits=True), want)
+
+
 def test_saved_cache_loads_memory_mapped_and_answers_identically(llama, tmp_path):
     rng = np.random.default_rng(3)
     prefix = rng.integers(3, 2000, 90).tolist()

@@ -77,3 +77,24 @@ def test_a_prompt_that_is_exactly_the_read_prefix_is_answered_from_all_of_it(tin
     assert read.ensure_prefix(doc).status == "miss"
     assert list(read.generate(doc, params)) == want
     assert read.cache.n_tokens == len(doc) + len(want) - 1
+
+
+def test_a_follow_up_keeps_everything_the_cache_holds_past_the_checkpoint(tiny_model, doc):
+    """A conversation's next turn extends the last prompt and its answer: the cache keeps all of
+    it, though it ends mid-block after the document's checkpoint, and prefills only the new
+    tokens; the logits are those of a fresh computation of the whole."""
+    from app.engine.backend import SamplingParams
+
+    model = tiny_model("llama")
+    b = backend(model)
+    b.ensure_prefix(doc[:9 * CHUNK])                             # a checkpoint on a block boundary
+    params = SamplingParams.make_greedy(5)
+    first = doc[:9 * CHUNK] + doc[9 * CHUNK:9 * CHUNK + 7]       # the question, mid-block
+    answer = list(b.generate(first, params))
+    held = b.cached_tokens()
+    assert held[:len(first)] == first and len(held) == len(first) + len(answer) - 1
+    follow = first + answer + doc[-9:]
+    again = list(b.generate(follow, params))
+    assert b.stats.reused_prompt_tokens == len(held)              # not cut back to the checkpoint
+    fresh = backend(model)
+    assert list(fresh.generate(follow, params)) == again

@@ -37,6 +37,7 @@ class FakeBackend:
         self.cache: list[int] = []              # the tokens "held" (prefix or composed caches)
         self.attended: list[tuple[int, int, float]] = []   # what attended_blocks reports
         self.focused: list[tuple[int, list[tuple[int, int]]]] = []   # (prompts given so far, ranges) a call
+        self.questions_at: list[int] = []       # where a conversation's new turn began, a call
 
     # ---- text
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
@@ -66,15 +67,21 @@ class FakeBackend:
         if len(prompt) >= self.n_ctx:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx}")
         self.prompts.append(prompt)
+        reused = 0
+        for a, b in zip(self.cache, prompt[:-1]):     # what the cache shares with the prompt (as the engine keeps)
+            if a != b:
+                break
+            reused += 1
         self.stats = GenerationStats(prompt_tokens=len(prompt), kv="f16", attention="dense",
-                                     kv_bytes_per_token=self._kv_bytes)
-        self.cache = prompt
+                                     kv_bytes_per_token=self._kv_bytes, reused_prompt_tokens=reused)
+        self.cache = list(prompt)
 
         def tokens():
             for i, t in enumerate(self.tokenize(self.answer)):
                 if cancel is not None and cancel():
                     return
                 self.stats.decode_tokens = i + 1
+                self.cache.append(t)
                 yield t
         return tokens()
 
@@ -125,6 +132,9 @@ class FakeBackend:
 
     def focus(self, ranges) -> None:
         self.focused.append((len(self.prompts), list(ranges)))
+
+    def question_at(self, start: int) -> None:
+        self.questions_at.append(start)
 
     def beside(self, ranges, room: int) -> list[int]:
         """Copies of the held tokens in whole blocks, as the blocked cache lays them."""

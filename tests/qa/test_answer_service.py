@@ -45,7 +45,8 @@ def test_a_document_that_fits_is_read_whole_with_its_page_markers(store, model_f
     assert a.timings["kv_cache"] == "miss" and a.timings["prompt_tokens"] == len(backend.prompts[0])
     assert a.considered is None and a.attended == [] and a.doc_ids == [doc]
     assert set(a.as_dict()) == {"answer", "citations", "timings", "engine", "model", "documents", "context",
-                                "cancelled", "answer_id", "attended", "answered_from", "note"}
+                                "cancelled", "answer_id", "attended", "answered_from", "note", "thread",
+                                "turns_left_out"}
     assert a.answered_from == "document"
 
 

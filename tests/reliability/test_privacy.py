@@ -8,6 +8,9 @@ Two ways, because each sees what the other cannot:
   its own with no interface up, `unshare -n`) when we may, and the same Python-level
   guard in any case: `ellm ingest`, `ellm ask` and the window must still work. This
   covers llama.cpp and Qt, whose C code the Python guard does not see.
+
+`ellm serve` listens, so it runs under the guard's listen-only mode (it may listen on loopback,
+never connect out or look up a name): tests/api/test_serve_end_to_end.py.
 """
 from __future__ import annotations
 

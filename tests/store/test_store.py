@@ -52,6 +52,33 @@ def test_upgrade_from_version_1_keeps_documents_and_fills_new_tables(tmp_path):
     store.close()
 
 
+def test_upgrade_to_threads_makes_each_earlier_answer_a_thread_of_one_turn(tmp_path):
+    from app.store.threads import delete_thread, list_threads, thread_turns
+
+    path = tmp_path / "v8.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:8]:
+        step(conn)
+    conn.execute("PRAGMA user_version = 8")
+    conn.execute("INSERT INTO documents (path, title, status, pages) VALUES ('/lib/a.txt', 'A', 'ingested', 1)")
+    for q in ("When was the treaty signed?", "Who kept the lamp?"):
+        conn.execute("INSERT INTO answers (doc_ids, question, answer, citations, created_at) "
+                     "VALUES ('[1]', ?, 'an answer', '[]', '2026-01-01T00:00:00')", [q])
+    conn.close()
+
+    store = Store(path)
+    threads = list_threads(store)
+    assert sorted((t["id"], t["title"], t["turns"], t["doc_ids"]) for t in threads) == [
+        (1, "When was the treaty signed?", 1, [1]), (2, "Who kept the lamp?", 1, [1])]
+    assert [r["question"] for r in thread_turns(store, 2)] == ["Who kept the lamp?"]
+    follow = store.add_answer([1], "For how long?", "forty years", [], "m", "e", {}, thread_id=2)
+    assert [r["id"] for r in thread_turns(store, 2)] == [2, follow]
+    assert [t["id"] for t in list_threads(store, search="forty")] == [2]
+    assert delete_thread(store, 2) and [a["id"] for a in store.answers()] == [1]
+    assert store.answers(search="forty") == []                     # the search index forgot the deleted turns
+    store.close()
+
+
 def test_failed_upgrade_leaves_the_file_as_it_was(tmp_path, monkeypatch):
     from app.store import migrations
 

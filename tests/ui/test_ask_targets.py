@@ -22,17 +22,19 @@ NOTE = "The 2 documents need 90 MB of KV cache, more than the memory budget of 5
 def services(monkeypatch, session):
     """The answer service replaced by a fake (same signature) that records its documents in
     ``.calls``. For one document it answers plainly; for several it reports progress, streams,
-    cites ``.cite`` (doc, page, passage) and stores its answer under the documents it cites, as
-    the real one stores those it considered."""
+    cites ``.cite`` (doc, page, passage) and stores its answer as the conversation's next turn
+    under the documents it cites, as the real one stores those it considered."""
     fakes = SimpleNamespace(calls=[], cite=[])
     calls = fakes.calls
 
     def fake_answer(store, backend, question, doc_ids, params, model_name="", on_text=None, on_stats=None,
-                    cancel=None, progress=None, save=True, memory_budget=None, caches=None):
+                    cancel=None, progress=None, save=True, memory_budget=None, caches=None, conversation=None):
         calls.append(("answer", list(doc_ids)))
+        thread = conversation.thread_id if conversation is not None else None
         if len(doc_ids) == 1:
             on_text("One document.")
-            return Answer(question, "One document.", [], {}, ContextPlan(), "fake", model_name, list(doc_ids))
+            return Answer(question, "One document.", [], {}, ContextPlan(), "fake", model_name, list(doc_ids),
+                          thread_id=thread)
         progress(25, 50, f"reading document {doc_ids[0]} (1 of {len(doc_ids)}): 25 of 50 tokens")
         text = "The budget is 12 million euros [p. 1]; Marta Quill kept the lamp [p. 2]."
         for word in text.split(" "):
@@ -40,8 +42,9 @@ def services(monkeypatch, session):
         citations = [{"doc": d, "page": p, "text": t} for d, p, t in fakes.cite]
         considered = sorted({c["doc"] for c in citations}) or list(doc_ids)
         answer = Answer(question, text, citations, {"prompt_tokens": 90}, ContextPlan(), "fake", model_name,
-                        considered, considered=[{"doc": d} for d in considered], note=NOTE)
-        answer.answer_id = store.add_answer(considered, question, text, citations, model_name, "fake", {})
+                        considered, considered=[{"doc": d} for d in considered], note=NOTE, thread_id=thread)
+        answer.answer_id = store.add_answer(considered, question, text, citations, model_name, "fake", {},
+                                            thread_id=thread)
         return answer
 
     monkeypatch.setattr("app.qa.answer.answer", fake_answer)
@@ -150,12 +153,16 @@ def test_an_answer_across_documents_shows_progress_note_and_opens_each_cited_doc
         assert (window.viewer.doc_id, window.viewer.page) == (doc, page) and window.viewer.has_highlight()
     assert library.selected_ids() == [first, last]
 
-    # history: the answer is listed under each of its documents, marked as asked across two
-    entries = pane.history_entries()
-    assert [e.id for e in entries] == [answer.answer_id]
-    assert pane.history.currentItem().text().endswith("What is the budget and who kept the lamp?  (2 documents)")
-    library.select_id(first)
-    assert [e.id for e in pane.history_entries()] == [answer.answer_id]
+    # conversations: the thread is listed under each of its documents, and shown again on a click
+    threads = pane.threads
+    assert [(t.id, t.doc_ids) for t in threads.entries()] == [(answer.thread_id, (first, last))]
+    assert threads.list.currentItem().text().startswith("What is the budget and who kept the lamp?\n1 turn · ")
+    assert threads.list.currentItem().text().endswith(" · 2 documents")
+    library.select_id(first)           # one document in view: the thread about two is listed, not continued
+    assert [t.id for t in threads.entries()] == [answer.thread_id] and window.thread_id is None
+    qtbot.mouseClick(threads.list.viewport(), Qt.LeftButton,
+                     pos=threads.list.visualItemRect(threads.list.item(0)).center())
+    assert window.thread_id == answer.thread_id and pane.heading.text().startswith("2 documents: ")
     assert pane.note.text() == f"Note: Asked across 2 documents: {titles[first]}; {titles[last]}."
     assert pane.citations.count() == 2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import docx
 import pymupdf
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QApplication, QFileDialog
 
@@ -64,14 +64,12 @@ def test_open_ingest_ask_stop_cite_and_export(qtbot, window, corpus, session, mo
     assert "(stopped)" in window.ask_pane.answer.toHtml()
     assert window.ask_pane.ask_button.isEnabled() and not window.ask_pane.stop_button.isEnabled()
 
-    # ---- History lists both; the first answer comes back with its citations
-    entries = window.ask_pane.history_entries()
-    assert [e.question for e in entries] == ["Describe everything in the document in great detail.",
-                                              "Who kept the lighthouse lamp burning?"]
-    first = window.ask_pane.history.item(1)
-    qtbot.mouseClick(window.ask_pane.history.viewport(), Qt.LeftButton,
-                     pos=window.ask_pane.history.visualItemRect(first).center())
-    assert "Who kept the lighthouse lamp burning?" in window.ask_pane.answer.toPlainText()
+    # ---- One conversation of two turns; the first turn's sources come back on a click of its question
+    threads = window.ask_pane.threads.entries()
+    assert [(t.title, t.turns) for t in threads] == [("Who kept the lighthouse lamp burning?", 2)]
+    shown = window.ask_pane.answer.toPlainText()
+    assert shown.index("Who kept the lighthouse lamp burning?") < shown.index("Describe everything")
+    window.ask_pane.answer.anchorClicked.emit(QUrl("turn:0"))
     assert window.ask_pane.citations.count() == len(answer.citations)
 
     # ---- Click a citation: the viewer shows that page with the passage highlighted

@@ -1,5 +1,5 @@
-"""The answer history per document with its FTS5 search, attention-grounded
-passages when an answer has them, and the hardware tab with live speed."""
+"""The conversations per document with their FTS5 search, attention-grounded passages
+when an answer has them, and the hardware tab with live speed."""
 from __future__ import annotations
 
 
@@ -11,47 +11,51 @@ from app.qa.pages import ContextPlan
 from tests.ui.helpers import ask_and_wait, doc_id, ingest
 
 
-def test_history_search_finds_an_earlier_answer(qtbot, window, corpus, session):
+def test_thread_search_finds_an_earlier_conversation(qtbot, window, corpus, session):
     ingest(qtbot, window, corpus)
     treaty, notes = doc_id(window, "treaty.pdf"), doc_id(window, "notes.txt")
     store = session.store
-    store.add_answer([treaty], "When was the treaty signed?", "It was signed in 1848 [p. 1].",
-                     [{"doc": treaty, "page": 1, "text": "The Treaty of Foo was signed in 1848"}], "m", "llamacpp",
-                     {"prompt_tokens": 200, "ttft_s": 0.5, "decode_tok_s": 20.0})
+    signed = store.add_answer([treaty], "When was the treaty signed?", "It was signed in 1848 [p. 1].",
+                              [{"doc": treaty, "page": 1, "text": "The Treaty of Foo was signed in 1848"}], "m",
+                              "llamacpp", {"prompt_tokens": 200, "ttft_s": 0.5, "decode_tok_s": 20.0})
     store.add_answer([notes], "What is the budget?", "12 million euros.", [], "m", "llamacpp", {})
     window.library.select_id(treaty)
+    # an answer stored on its own is a thread of one turn (same id); the document's newest is shown
+    assert window.thread_id == signed and "It was signed in 1848" in window.ask_pane.answer.toPlainText()
+    qtbot.mouseClick(window.ask_pane.threads.new_button, Qt.LeftButton)
     answer, _ = ask_and_wait(qtbot, window, "Who kept the lighthouse lamp burning?")
     pane = window.ask_pane
-    assert [e.question for e in pane.history_entries()] == ["Who kept the lighthouse lamp burning?",
-                                                            "When was the treaty signed?"]
-    assert pane.history.currentItem().data(Qt.UserRole).id == answer.answer_id
+    threads = pane.threads
+    assert [t.title for t in threads.entries()] == ["Who kept the lighthouse lamp burning?",
+                                                    "When was the treaty signed?"]
+    assert threads.list.currentItem().data(Qt.UserRole).id == answer.thread_id
 
-    with qtbot.waitSignal(pane.sig_history_search, timeout=5_000):
-        qtbot.keyClicks(pane.history_search, "1848")
-    assert [e.question for e in pane.history_entries()] == ["When was the treaty signed?"]
-    item = pane.history.item(0)
-    qtbot.mouseClick(pane.history.viewport(), Qt.LeftButton, pos=pane.history.visualItemRect(item).center())
+    search(qtbot, threads, "1848")
+    assert [t.title for t in threads.entries()] == ["When was the treaty signed?"]
+    item = threads.list.item(0)
+    qtbot.mouseClick(threads.list.viewport(), Qt.LeftButton, pos=threads.list.visualItemRect(item).center())
     assert "It was signed in 1848" in pane.answer.toPlainText()
     assert pane.citations.count() == 1 and pane.stats.text().startswith("200 prompt tokens")
 
-    pane.history_search.clear()
-    with qtbot.waitSignal(pane.sig_history_search, timeout=5_000):
-        qtbot.keyClicks(pane.history_search, "lighthouse keeper lamp")
-    assert [e.question for e in pane.history_entries()] == ["Who kept the lighthouse lamp burning?"]
-    pane.history_search.clear()
-    with qtbot.waitSignal(pane.sig_history_search, timeout=5_000):
-        qtbot.keyClicks(pane.history_search, "budget")  # asked about another document
-    assert pane.history_entries() == []
-    assert pane.history.item(0).text() == "No matching answers"
+    search(qtbot, threads, "lighthouse keeper lamp")
+    assert [t.title for t in threads.entries()] == ["Who kept the lighthouse lamp burning?"]
+    search(qtbot, threads, "budget")  # asked about another document
+    assert threads.entries() == []
+    assert threads.list.item(0).text() == "No matching conversations"
 
     # the answer's own page references are links to the page
-    pane.history_search.clear()
-    window.search_history("")
-    pane.show_past(next(e for e in pane.history_entries() if e.question == "When was the treaty signed?"))
+    threads.search.clear()
+    window.open_thread(signed)
     with qtbot.waitSignal(pane.sig_citation) as cited:
         pane.answer.anchorClicked.emit(QUrl("page:1"))
     assert cited.args == [treaty, 1, "The Treaty of Foo was signed in 1848"]
-    assert 'href="page:1"' in pane.answer.toHtml()
+    assert 'href="page:0:1"' in pane.answer.toHtml()
+
+
+def search(qtbot, threads, text: str) -> None:
+    threads.search.clear()
+    with qtbot.waitSignal(threads.sig_search, timeout=5_000):
+        qtbot.keyClicks(threads.search, text)
 
 
 def test_attention_grounded_passages_are_shown_when_present(qtbot, window, corpus):

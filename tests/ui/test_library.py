@@ -13,7 +13,7 @@ def test_a_failing_document_shows_its_reason(qtbot, window, corpus):
     r = row_of(window, "broken.pdf")
     status = window.library.table.item(r, 3)
     assert status.text().startswith("failed: file is truncated or not a valid PDF")
-    assert status.toolTip() == f"{corpus / 'broken.pdf'}\n{status.text()}"
+    assert status.toolTip() == f"broken.pdf\n{corpus / 'broken.pdf'}\n{status.text()}"   # title, path, reason
     assert status.foreground().color() == Qt.darkRed
     window.library.table.selectRow(r)
     details = window.library.details.text()

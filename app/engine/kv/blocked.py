@@ -97,8 +97,9 @@ class BlockKVCache:
         self.tokens.extend(int(t) for t in tokens)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        """How many leading ``tokens`` are cached *and* can be kept: a block boundary or the
-        checkpoint (a partly filled block exists in f16 only at those points)."""
+        """How many leading ``tokens`` are cached *and* can be kept: a block boundary, the
+        checkpoint, or a point in the last, partly filled block (a partly filled block exists in
+        f16 only at the checkpoint and at the end)."""
         n = 0
         for a, b in zip(self.tokens, tokens):
             if a != b:
@@ -107,6 +108,10 @@ class BlockKVCache:
         return self._keepable(n)
 
     def _keepable(self, n: int) -> int:
+        if n >= self.n_tokens:
+            return self.n_tokens        # all of it: nothing to cut, whatever the last block holds
+        if n // self.block == self.n_tokens // self.block:
+            return n                    # inside the last, partly filled block: its f16 tail still holds [.., n)
         cp = self.checkpoint
         if cp is not None and cp.n_tokens <= n:
             if n - n % self.block <= cp.n_tokens:
@@ -120,8 +125,8 @@ class BlockKVCache:
         if n == self.n_tokens:
             return n
         cp = self.checkpoint
-        if n % self.block:
-            # Only the checkpoint has a partial block: its f16 tail comes back.
+        if n % self.block and n // self.block != self.n_tokens // self.block:
+            # A block quantized since: only the checkpoint has it partly filled, its f16 tail comes back.
             self.tail_k[...] = cp.tail_k
             self.tail_v[...] = cp.tail_v
         self.nb_base = min(self.nb_base, n // self.block)

@@ -2,7 +2,9 @@
 
 Only internet sockets are refused (AF_INET, AF_INET6) and name lookups: local
 AF_UNIX sockets and socketpairs, which Qt and asyncio use inside one process,
-stay allowed. Used in-process by the privacy tests (``install`` under
+stay allowed. With ``listen`` (a server: `ellm serve`) an internet socket may be
+made and bound to a loopback address to listen on; connecting anywhere, binding
+elsewhere and name lookups are still refused. Used in-process by the privacy tests (``install`` under
 monkeypatch) and in subprocesses through hooks/sitecustomize.py.
 """
 from __future__ import annotations
@@ -17,7 +19,10 @@ class NetworkAttempt(PermissionError):
     pass
 
 
-def make_guard(attempts: list[str], log_path: str | None = None):
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def make_guard(attempts: list[str], log_path: str | None = None, listen: bool = False):
     """(replacements for socket attributes, the list that records attempts)."""
 
     def refuse(what: str):
@@ -31,9 +36,14 @@ def make_guard(attempts: list[str], log_path: str | None = None):
 
     class GuardedSocket(real_socket):
         def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-            if fileno is None and (socket.AF_INET if family == -1 else family) in INET:
+            if fileno is None and (socket.AF_INET if family == -1 else family) in INET and not listen:
                 refuse(f"socket(family={family!r})")
             super().__init__(family, type, proto, fileno)
+
+        def bind(self, address):
+            if self.family in INET and address[0] not in LOOPBACK:
+                refuse(f"bind({address!r})")
+            return super().bind(address)
 
         def connect(self, address):
             if self.family in INET:
@@ -58,8 +68,8 @@ def make_guard(attempts: list[str], log_path: str | None = None):
             "gethostbyname": gethostbyname}
 
 
-def install_for_process() -> None:
+def install_for_process(listen: bool = False) -> None:
     """Install the guard for the rest of this process (sitecustomize)."""
     attempts: list[str] = []
-    for name, replacement in make_guard(attempts, os.environ.get("ELLM_TEST_NETWORK_LOG")).items():
+    for name, replacement in make_guard(attempts, os.environ.get("ELLM_TEST_NETWORK_LOG"), listen).items():
         setattr(socket, name, replacement)

@@ -2,7 +2,8 @@
 This folder is put on PYTHONPATH by tests/reliability/helpers.py only.
 
 ELLM_TEST_NO_NETWORK=1     internet sockets and name lookups raise (and are logged to
-                           ELLM_TEST_NETWORK_LOG when set), see ellm_netguard.py
+                           ELLM_TEST_NETWORK_LOG when set), see ellm_netguard.py;
+                           =listen: a server may listen on loopback, nothing more
 ELLM_TEST_VANISH=PATH      PATH is deleted just before the process first opens it:
                            a file that disappears between listing and reading
 ELLM_TEST_PAUSE_IN_SAVE=N  the Nth document saved with pages stops inside its open
@@ -33,7 +34,7 @@ if os.environ.get("ELLM_TEST_HWM_FILE"):
 if os.environ.get("ELLM_TEST_NO_NETWORK"):
     import ellm_netguard
 
-    ellm_netguard.install_for_process()
+    ellm_netguard.install_for_process(listen=os.environ["ELLM_TEST_NO_NETWORK"] == "listen")
 
 if os.environ.get("ELLM_TEST_VANISH"):
     import builtins
