@@ -300,7 +300,6 @@ class ApiServer:
     def start(self, timeout: float = 30.0) -> None:
         """Serve in a background thread; returns once it accepts connections."""
         sock = self._prepare()
-        self._server.install_signal_handlers = lambda: None    # uvicorn < 0.29 spelled it so
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, name="ellm-api",
                                         daemon=True)
         self._thread.start()

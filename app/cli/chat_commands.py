@@ -24,20 +24,26 @@ def thread_of(ctx: Context, thread_id: int) -> dict:
     return thread
 
 
-def conversation_for(ctx: Context, thread_id: int | None, target) -> tuple:
-    """(the Conversation to continue, its document ids): thread ``thread_id``'s, or a new thread
-    about ``target`` (created with its first answer)."""
+def conversation_for(ctx: Context) -> tuple:
+    """(the target of --doc/--folder/--all or None, the Conversation to continue, its document
+    ids): the thread of --thread, or a new one about the target (created with its first answer)."""
+    from app.cli.commands import ask_target
     from app.qa.conversation import Conversation
     from app.store.threads import thread_turns
 
-    if thread_id is not None:
-        thread = thread_of(ctx, thread_id)
-        return Conversation.from_rows(thread["id"], thread_turns(ctx.store, thread["id"])), list(thread["doc_ids"])
-    return Conversation(None), list(target.doc_ids)
+    a = ctx.args
+    if a.thread is None:
+        target = ask_target(ctx)
+        return target, Conversation(None), list(target.doc_ids)
+    if a.doc or a.folder or a.all:
+        raise CliError("--thread continues that thread's documents: leave out --doc, --folder and --all")
+    thread = thread_of(ctx, a.thread)
+    return None, Conversation.from_rows(thread["id"], thread_turns(ctx.store, thread["id"])), list(thread["doc_ids"])
 
 
 def new_thread(ctx: Context, conversation, doc_ids: list[int], question: str, target) -> None:
-    """Give ``conversation`` its thread in the store before its first answer is saved."""
+    """Give ``conversation`` its thread in the store before its first answer is saved (about
+    ``target``'s kind and folder; a thread continued with --thread has its own)."""
     from app.store.threads import create_thread
 
     if conversation.thread_id is None:
@@ -72,18 +78,15 @@ def show_sources(ctx: Context, result) -> None:
 
 def cmd_chat(ctx: Context) -> int:
     """A line-editing prompt: each question a turn of one thread, answers streamed with their pages."""
-    from app.cli.commands import ask_target
     from app.qa.answer import AskError, answer
+    from app.qa.conversation import Conversation
 
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
     a = ctx.args
-    target = ask_target(ctx) if a.thread is None or a.doc or a.folder or a.all else None
-    if a.thread is not None and target is not None:
-        raise CliError("--thread continues that thread's documents: leave out --doc, --folder and --all")
-    conversation, doc_ids = conversation_for(ctx, a.thread, target)
+    target, conversation, doc_ids = conversation_for(ctx)
     backend = ctx.backend(ctx.session.doc_tokens(doc_ids))
     params = ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens)
     titles = [(ctx.store.document(d) or {}).get("title", str(d)) for d in doc_ids]
@@ -101,7 +104,7 @@ def cmd_chat(ctx: Context) -> int:
         if question in QUIT:
             return 0
         if question == NEW:
-            conversation, _ = conversation_for(ctx, None, target or _Docs(doc_ids))
+            conversation = Conversation(None)
             err("(a new conversation)")
             continue
         new_thread(ctx, conversation, doc_ids, question, target)
@@ -127,15 +130,6 @@ def forget_if_empty(ctx: Context, conversation) -> None:
         conversation.thread_id = None
 
 
-class _Docs:
-    """The documents of a thread continued with --thread, as a target for /new."""
-
-    kind, folder = "selected", None
-
-    def __init__(self, doc_ids):
-        self.doc_ids = tuple(doc_ids)
-
-
 def thread_row(t: dict) -> dict:
     return {"id": t["id"], "title": t["title"], "kind": t["kind"], "documents": t["doc_ids"], "folder": t["folder"],
             "turns": t["turns"], "created_at": t["created_at"], "updated_at": t["updated_at"]}
@@ -143,7 +137,7 @@ def thread_row(t: dict) -> dict:
 
 def cmd_threads(ctx: Context) -> int:
     """List, search, show or delete conversations."""
-    from app.store.threads import delete_thread, list_threads, rename_thread, thread_turns
+    from app.store.threads import delete_thread, get_thread, list_threads, rename_thread, thread_turns
 
     a = ctx.args
     if a.delete is not None:
@@ -156,7 +150,7 @@ def cmd_threads(ctx: Context) -> int:
         return 0
     if a.rename is not None:
         thread_id, title = a.rename
-        if not thread_id.isdigit() or get_thread_or_none(ctx, int(thread_id)) is None:
+        if not thread_id.isdigit() or get_thread(ctx.store, int(thread_id)) is None:
             raise CliError(f"no thread {thread_id}; `ellm threads` lists them")
         try:
             rename_thread(ctx.store, int(thread_id), title)
@@ -164,7 +158,7 @@ def cmd_threads(ctx: Context) -> int:
             raise CliError(str(e)) from e
         a.show = int(thread_id)
     if a.show is not None:
-        thread = get_thread_or_none(ctx, a.show)
+        thread = get_thread(ctx.store, a.show)
         if thread is None:
             raise CliError(f"no thread {a.show}; `ellm threads` lists them")
         turns = [{"question": r["question"], "answer": r["answer"], "citations": r["citations"] or [],
@@ -189,12 +183,6 @@ def cmd_threads(ctx: Context) -> int:
     for t in threads:
         print(f"{t['id']:>4}  {t['turns']:>5}  {t['updated_at'][:16].replace('T', ' '):<16}  {t['title']}")
     return 0
-
-
-def get_thread_or_none(ctx: Context, thread_id: int):
-    from app.store.threads import get_thread
-
-    return get_thread(ctx.store, thread_id)
 
 
 def cmd_serve(ctx: Context) -> int:

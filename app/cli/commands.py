@@ -80,10 +80,7 @@ def cmd_ask(ctx: Context) -> int:
     from app.qa.answer import AUTO, DOCUMENT, AnswerOptions, AskError, answer
 
     a = ctx.args
-    if a.thread is not None and (a.doc or a.folder or a.all):
-        raise CliError("--thread continues that thread's documents: leave out --doc, --folder and --all")
-    target = ask_target(ctx) if a.thread is None else None
-    conversation, doc_ids = conversation_for(ctx, a.thread, target)
+    target, conversation, doc_ids = conversation_for(ctx)
     backend = ctx.backend(ctx.session.doc_tokens(doc_ids))
     params = ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens)
     streaming = not ctx.json

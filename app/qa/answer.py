@@ -231,14 +231,15 @@ class _Job:
         """What retrieval looks for: the question, in a conversation with the one before it."""
         return self.conversation.query(self.question) if self.conversation else self.question
 
-    def turns(self, base: list[int], suffix: list[int], beside: str = "",
+    def turns(self, stream: AnswerStream, base: list[int], suffix: list[int], beside: str = "",
               continuing: bool = False) -> list[int]:
         """The prompt after the documents' part ``base``: the question's ``suffix``, or in a
-        conversation its earlier turns that fit and then the question (qa/conversation.py)."""
+        conversation its earlier turns that fit before the answer ``stream`` will write, and then
+        the question (qa/conversation.py)."""
         conv = self.conversation
         if conv is None:
             return suffix
-        room = self.backend.n_ctx - len(base) - self.params.max_tokens
+        room = self.backend.n_ctx - len(base) - stream.params.max_tokens
         after, self.left_out, new = conv.tokens_after(self.backend, self.question, beside, room, continuing)
         if new:
             self.backend.question_at(len(base) + len(after) - new)
@@ -294,7 +295,7 @@ class _Job:
                            total_pages=sum(int(d.get("pages") or 0) for d in docs), passages=True)
         prompt = build_prompt(backend, self.question, format_pages(pages))
         stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
-        text = stream.run(prompt.prefix + self.turns(prompt.prefix, prompt.suffix), len(prompt.prefix))
+        text = stream.run(prompt.prefix + self.turns(stream, prompt.prefix, prompt.suffix), len(prompt.prefix))
         result = self._finish(text, stream, stream.timings(kv_cache="none"), plan, list(doc_ids),
                               PromptLayout(backend, []), keep=False)
         result.answered_from = FROM_PASSAGES
@@ -360,7 +361,6 @@ class _Job:
         beside = self.beside_text(doc_ids, room)
         if beside:
             prompt = build_prompt(backend, self.question, format_pages(plan.pages), beside)
-        self.params = params
         stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
         t_prefix = time.perf_counter()
         single = doc_ids[0] if len(doc_ids) == 1 else None
@@ -375,7 +375,7 @@ class _Job:
             self._focus(layout)
             base = (self.conversation.held[:self.conversation.base] if continuing
                     else prompt.prefix + self.beside_blocks(layout, room))
-            text = stream.run(base + self.turns(base, prompt.suffix, beside, continuing), len(base))
+            text = stream.run(base + self.turns(stream, base, prompt.suffix, beside, continuing), len(base))
         timings = stream.timings(kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         return self._finish(text, stream, timings, plan, list(doc_ids), layout)
 
@@ -393,7 +393,7 @@ class _Job:
         first = considered[0].prompt
         composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
         if self.conversation is not None and self.conversation.continues(backend, composed):
-            return self._across_answer(considered, parts, note, stream, ["hit"], 0.0, continuing=True)
+            return self._across_answer(considered, composed, parts, note, stream, ["hit"], 0.0, continuing=True)
         statuses = []
         for i, p in enumerate(considered):
             if self.caches.registered(backend, p.doc_id, p.prefix) is not None:
@@ -412,19 +412,20 @@ class _Job:
         except across.ComposeError as e:
             raise AskError(str(e)) from e
         compose_s = time.perf_counter() - t_compose
-        return self._across_answer(considered, parts, note, stream, statuses, compose_s, offsets)
+        return self._across_answer(considered, composed, parts, note, stream, statuses, compose_s, offsets)
 
-    def _across_answer(self, considered: list, parts: list, note: str, stream: AnswerStream, statuses: list[str],
-                       compose_s: float, offsets: list[int] | None = None, continuing: bool = False) -> Answer:
-        """The question read across the documents' caches laid side by side (or, ``continuing`` a
-        conversation, still there from its last turn)."""
+    def _across_answer(self, considered: list, composed: list[int], parts: list, note: str, stream: AnswerStream,
+                       statuses: list[str], compose_s: float, offsets: list[int] | None = None,
+                       continuing: bool = False) -> Answer:
+        """The question read across the documents' caches laid side by side, ``composed`` (or,
+        ``continuing`` a conversation, still there from its last turn)."""
         backend = self.backend
         first = considered[0].prompt
-        composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
         if offsets is None:          # where compose laid each document: the first after the header
-            offsets = [len(first.header)]
-            for p in considered[:-1]:
-                offsets.append(len(first.prefix) if len(offsets) == 1 else offsets[-1] + len(p.prompt.doc))
+            offsets, end = [len(first.header)], len(first.prefix)
+            for p in considered[1:]:
+                offsets.append(end)
+                end += len(p.prompt.doc)
         segments = [(0, len(first.prefix), first.prefix_text, ContextPlan(pages=considered[0].pages))]
         segments += [(off, len(p.prompt.doc), p.prompt.doc_text, ContextPlan(pages=p.pages))
                      for off, p in zip(offsets[1:], considered[1:])]
@@ -437,7 +438,7 @@ class _Job:
             suffix = question_suffix(backend, self.question, beside)
         base = (self.conversation.held[:self.conversation.base] if continuing
                 else composed + self.beside_blocks(layout, room))
-        text = stream.run(base + self.turns(base, suffix, beside, continuing), len(base))
+        text = stream.run(base + self.turns(stream, base, suffix, beside, continuing), len(base))
         timings = stream.timings(kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
                                 compose_s=round(compose_s, 4))
         pages = [pg for p in considered for pg in p.pages]

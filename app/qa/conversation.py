@@ -49,7 +49,6 @@ class Conversation:
     turns: list[Turn] = field(default_factory=list)
     held: list[int] = field(default_factory=list)
     base: int = 0
-    dropped: int = 0          # earlier turns the last question had to leave out
 
     @classmethod
     def from_rows(cls, thread_id: int | None, rows: Sequence[dict]) -> "Conversation":
@@ -78,23 +77,23 @@ class Conversation:
         ask = next_turn(backend, question)
         if continuing and len(self.held) - self.base + len(ask) <= room:
             return self.held[self.base:] + ask, 0, len(ask)
-        answers = [list(t.tokens) if t.tokens is not None else backend.tokenize(t.answer, add_bos=False, special=False)
-                   for t in self.turns]
+        kept: list[tuple[list[int], list[int], list[int]]] = []   # (as the first turn, as a later one, answer)
         later = 0                 # tokens of the turns after the first kept one, each opened by next_turn
-        keep = 0
-        for i in range(len(self.turns) - 1, -1, -1):
-            first = question_suffix(backend, self.turns[i].question, beside)
-            if len(first) + len(answers[i]) + later + len(ask) > room:
+        for turn in reversed(self.turns):
+            answer = list(turn.tokens) if turn.tokens is not None else backend.tokenize(turn.answer, add_bos=False,
+                                                                                        special=False)
+            first = question_suffix(backend, turn.question, beside)
+            if len(first) + len(answer) + later + len(ask) > room:
                 break
-            keep = len(self.turns) - i
-            later += len(next_turn(backend, self.turns[i].question)) + len(answers[i])
-        if not keep:
+            opened = next_turn(backend, turn.question)
+            kept.append((first, opened, answer))
+            later += len(opened) + len(answer)
+        if not kept:
             return question_suffix(backend, question, beside), len(self.turns), 0
-        i0 = len(self.turns) - keep
-        tokens = question_suffix(backend, self.turns[i0].question, beside) + answers[i0]
-        for i in range(i0 + 1, len(self.turns)):
-            tokens += next_turn(backend, self.turns[i].question) + answers[i]
-        return tokens + ask, i0, len(ask)
+        kept.reverse()
+        first, _, answer = kept[0]
+        tokens = first + answer + [t for _, opened, answer in kept[1:] for t in opened + answer]
+        return tokens + ask, len(self.turns) - len(kept), len(ask)
 
     def record(self, question: str, answer: str, prompt: Sequence[int], generated: Sequence[int],
                base: int) -> None:

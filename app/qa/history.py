@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from app.qa.targets import EVERYTHING, FOLDER, AskTarget, count, detail, name_list, short_path
+from app.qa.targets import EVERYTHING, FOLDER, AskTarget, detail, heading, short_path
 from app.store import Store
 from app.store.threads import get_thread, list_threads, thread_turns
 
@@ -123,13 +123,8 @@ def thread_target(summary: ThreadSummary, titles: dict[int, str]) -> AskTarget:
     if not ids:
         return AskTarget(summary.kind, (), "The documents of this conversation are no longer in the library",
                          folder=summary.folder, problem="the documents of this conversation were removed")
-    if summary.kind == FOLDER and summary.folder:
-        heading = f"{count(len(ids))} in {short_path(summary.folder)}"
-    elif summary.kind == EVERYTHING:
-        heading = f"All {len(ids)} documents" if len(ids) > 1 else titles[ids[0]]
-    else:
-        heading = titles[ids[0]] if len(ids) == 1 else f"{len(ids)} documents: " + name_list(ids, titles)
-    return AskTarget(summary.kind, ids, heading, detail(ids, titles), summary.folder)
+    return AskTarget(summary.kind, ids, heading(summary.kind, ids, titles, summary.folder), detail(ids, titles),
+                     summary.folder)
 
 
 # ---- Single answers --------------------------------------------------------------------

@@ -43,9 +43,7 @@ def resolve(kind: str, docs: list[dict], selected: list[int], current: int | Non
         if not ids:
             return AskTarget(kind, (), "Select a document in the library",
                              problem="no document given: name one with --doc (`ellm docs` lists them)")
-        if len(ids) == 1:
-            return AskTarget(kind, ids, titles[ids[0]], titles[ids[0]])
-        return AskTarget(kind, ids, f"{len(ids)} documents: " + name_list(ids, titles), detail(ids, titles))
+        return AskTarget(kind, ids, heading(kind, ids, titles), titles[ids[0]] if len(ids) == 1 else detail(ids, titles))
     if kind == FOLDER:
         folder = chosen_folder or folder_of_document(next((d for d in docs if d["id"] == current), None))
         if folder is None:
@@ -56,17 +54,24 @@ def resolve(kind: str, docs: list[dict], selected: list[int], current: int | Non
             return AskTarget(kind, (), f"No ingested documents in {short_path(folder)}", folder=folder,
                              problem=f"{folder}: no ingested documents under this folder; "
                                      f"`ellm ingest {folder}` first")
-        # The count first: a long path is what gets cut off when the line is too narrow.
-        return AskTarget(kind, ids, f"{count(len(ids))} in {short_path(folder)}",
-                         folder + "\n\n" + detail(ids, titles), folder)
+        return AskTarget(kind, ids, heading(kind, ids, titles, folder), folder + "\n\n" + detail(ids, titles), folder)
     if kind == EVERYTHING:
         ids = tuple(d["id"] for d in docs if d["status"] == "ingested")
         if not ids:
             return AskTarget(kind, (), "No ingested documents yet: open a folder",
                              problem="no ingested documents; `ellm ingest FOLDER` first")
-        heading = f"All {len(ids)} documents" if len(ids) > 1 else f"The only document: {titles[ids[0]]}"
-        return AskTarget(kind, ids, heading, detail(ids, titles))
+        return AskTarget(kind, ids, heading(kind, ids, titles), detail(ids, titles))
     raise ValueError(f"unknown ask target {kind!r}; one of {', '.join(KINDS)}")
+
+
+def heading(kind: str, ids, titles: dict[int, str], folder: str | None = None) -> str:
+    """One line saying what the documents ``ids`` (at least one) of a target of ``kind`` are."""
+    if kind == FOLDER and folder:
+        # The count first: a long path is what gets cut off when the line is too narrow.
+        return f"{count(len(ids))} in {short_path(folder)}"
+    if kind == EVERYTHING:
+        return f"All {len(ids)} documents" if len(ids) > 1 else f"The only document: {titles[ids[0]]}"
+    return titles[ids[0]] if len(ids) == 1 else f"{len(ids)} documents: " + name_list(ids, titles)
 
 
 def scope_note(doc_ids: list[int], titles: dict[int, str]) -> str:

@@ -256,10 +256,7 @@ class Store:
         stamp = now()
         with self.transaction():
             if thread_id is None:
-                cur = self.conn.execute(
-                    "INSERT INTO threads (title, kind, doc_ids, created_at, updated_at) VALUES (?, 'selected', ?, ?, ?)",
-                    [thread_title(question) or NEW_THREAD, json.dumps(doc_ids), stamp, stamp])
-                thread_id = int(cur.lastrowid)
+                thread_id = self.add_thread(doc_ids, question)
             else:
                 self.conn.execute("UPDATE threads SET updated_at = ?, title = CASE WHEN title = ? THEN ? ELSE title END"
                                   " WHERE id = ?", [stamp, NEW_THREAD, thread_title(question), int(thread_id)])
@@ -273,6 +270,17 @@ class Store:
             self.conn.executemany("INSERT INTO answer_docs (answer_id, doc_id) VALUES (?, ?)",
                                   [(answer_id, d) for d in doc_ids])
         return answer_id
+
+    def add_thread(self, doc_ids: list[int], title: str = "", kind: str = "selected",
+                   folder: str | None = None) -> int:
+        """A new, empty thread about ``doc_ids`` (``kind``: "selected", "folder" or "everything"),
+        titled by ``title`` (its first question) or NEW_THREAD until one names it."""
+        stamp = now()
+        with self.transaction():
+            cur = self.conn.execute(
+                "INSERT INTO threads (title, kind, doc_ids, folder, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+                [thread_title(title) or NEW_THREAD, kind, json.dumps([int(d) for d in doc_ids]), folder, stamp, stamp])
+        return int(cur.lastrowid)
 
     def answers(self, doc_id: int | None = None, search: str | None = None, limit: int = 100) -> list[dict]:
         """Answer history, newest first; per document and/or matching ``search`` (FTS5)."""

@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import json
 
-from app.store.db import NEW_THREAD, Store, fts_query, now, thread_title
+from app.store.db import Store, fts_query
 
 
 def create_thread(store: Store, doc_ids: list[int], title: str = "", kind: str = "selected",
                   folder: str | None = None) -> int:
     """A new, empty thread about ``doc_ids`` (``kind``: "selected", "folder" or "everything")."""
-    stamp = now()
-    with store.transaction():
-        cur = store.conn.execute(
-            "INSERT INTO threads (title, kind, doc_ids, folder, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-            [thread_title(title) if title else NEW_THREAD, kind, json.dumps([int(d) for d in doc_ids]),
-             folder, stamp, stamp])
-    return int(cur.lastrowid)
+    return store.add_thread(doc_ids, title, kind, folder)
 
 
 def _thread_row(row: dict) -> dict:

@@ -116,7 +116,7 @@ class BlockKVCache:
         if cp is not None and cp.n_tokens <= n:
             if n - n % self.block <= cp.n_tokens:
                 return cp.n_tokens
-        return n - n % self.block if n < self.n_tokens else n
+        return n - n % self.block
 
     def truncate(self, n: int) -> int:
         """Forget positions >= n (rounded down to where the cache can resume); returns the
