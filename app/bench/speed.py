@@ -7,6 +7,13 @@ a CPU is bandwidth / bytes moved per token (docs/ARCHITECTURE.md), so the bytes 
 time goes. llama.cpp with its f16 cache and dense attention is the baseline every other
 result is divided by, per context.
 
+What keeps the figures honest: every context gets a backend of its own, sized as a document of
+that many tokens would be (so a short row is never read the way a longer one in the same run
+must be); each row says how its prompt was read and whether the context lies beyond the model's
+trained window; a ratio divides only figures measured in this run (a prefill recorded with a
+kept state is shown, marked, never divided); both engines run pinned one thread per CPU, or
+both not (``pinning``).
+
 Also here, because the command line and the settings dialog both run it: the KV quality
 probe of one document (``ellm kv-probe``).
 """
@@ -21,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.bench.step_parts import PARTS, step_parts
+from app.bench.step_parts import PARTS, chunk_parts, step_parts
 from app.engine.backend import SamplingParams
 from app.engine.generate import PREFILL_CHUNK
 from app.engine.kv.sizes import LLAMACPP_KV_TYPES, KVShape
@@ -52,9 +59,9 @@ class BenchConfig:
     kvs: tuple[str, ...] = ("f16",)
     attentions: tuple[str, ...] = ("dense",)
     sparse: SparseConfig | None = None   # the sparse runs' options (None: the engine's defaults)
-    pinning: tuple[bool, ...] = (True,)  # ellm only: threads pinned one per CPU, or left to the OS
+    pinning: tuple[bool, ...] = (True,)  # both engines: threads pinned one per CPU, or left to the OS
     llamacpp_best: bool = False          # llama.cpp in every configuration a user could pick
-    llamacpp_kvs: tuple[str, ...] = ("f16", "k8v8")   # ... of these caches (a 32K q8_0 prefill takes an hour here)
+    llamacpp_kvs: tuple[str, ...] = ("f16", "k8v8")   # ... of these caches (k8v8: its q8_0)
     states_dir: Path | None = None       # where prefilled contexts are kept (None: prefill every run)
 
 
@@ -65,12 +72,12 @@ class Run:
     engine: str
     kv: str
     attention: str
-    pinned: bool | None   # None: the engine places its own threads (llama.cpp)
+    pinned: bool
     flash_attn: bool | None = None   # llama.cpp: flash attention (None: its default for the KV type)
 
     @property
     def label(self) -> str:
-        pin = "" if self.pinned is not False else " unpinned"
+        pin = "" if self.pinned else " unpinned"
         fa = {True: " flash-attn", False: " no-flash-attn"}.get(self.flash_attn, "")
         return f"{self.engine} {self.kv} {self.attention}{pin}{fa}"
 
@@ -84,16 +91,17 @@ LLAMACPP_BEST_KVS = tuple(dict.fromkeys(kv for kv, _ in LLAMACPP_BEST))
 
 def plan_runs(cfg: BenchConfig) -> list[Run]:
     """ellm: every kv x attention x pinning. llama.cpp: dense attention, f16 (the baseline)
-    and every other asked KV format it has a cache type for."""
+    and every other asked KV format it has a cache type for, in every pinning."""
     runs = []
     for engine in cfg.engines:
         if engine == "ellm":
             runs += [Run("ellm", kv, a, p) for kv in cfg.kvs for a in cfg.attentions for p in cfg.pinning]
         elif cfg.llamacpp_best:
-            runs += [Run(engine, kv, "dense", None, fa) for kv, fa in LLAMACPP_BEST if kv in cfg.llamacpp_kvs]
+            runs += [Run(engine, kv, "dense", p, fa) for kv, fa in LLAMACPP_BEST if kv in cfg.llamacpp_kvs
+                     for p in cfg.pinning]
         else:
             kvs = ["f16"] + [kv for kv in cfg.kvs if kv != "f16" and kv in LLAMACPP_KV_TYPES]
-            runs += [Run(engine, kv, "dense", None) for kv in kvs]
+            runs += [Run(engine, kv, "dense", p) for kv in kvs for p in cfg.pinning]
     return runs
 
 
@@ -108,13 +116,16 @@ class BenchResult:
     bytes_per_token: dict
     gb_s: float
     decode_steps: int
-    pinned: bool | None = None  # None: the engine places its own threads (llama.cpp)
+    pinned: bool | None = None  # threads pinned one per CPU (both engines alike)
     kv_bytes_per_token: int = 0  # bytes the cache stores per token
     sparse: dict | None = None  # the sparse options, for sparse attention
     flash_attn: bool | None = None  # llama.cpp's flash attention (None: eLLM)
     prefill_from: str = "measured"  # "measured" now, or "state": recorded when the kept state was made
     notes: list[str] = field(default_factory=list)
     step_parts: dict | None = None  # eLLM: a decode step's time by part (bench/step_parts.py)
+    chunk_parts: dict | None = None  # eLLM: the context's last prefill chunk's time by part
+    reading: str = "dense"    # how the prompt was read: "dense", or "sparse" (a lossy read)
+    beyond_trained: bool = False   # the context (prompt + answer + margin) exceeds the trained window
 
     def as_dict(self) -> dict:
         return {"engine": self.engine, "attention": self.attention, "kv": self.kv, "context": self.context,
@@ -123,7 +134,7 @@ class BenchResult:
                 "decode_steps": self.decode_steps, "pinned": self.pinned,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "sparse": self.sparse,
                 "flash_attn": self.flash_attn, "prefill_from": self.prefill_from, "notes": self.notes,
-                "step_parts": self.step_parts}
+                "step_parts": self.step_parts, "chunk_parts": self.chunk_parts, "reading": self.reading, "beyond_trained": self.beyond_trained}
 
 
 def read_bandwidth_gb_s() -> float:
@@ -231,7 +242,8 @@ def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bo
     """A backend for one measurement: ``attention`` is "dense", "sparse" or a SparseConfig
     (ellm; ``documents``: the cache questions about documents use, blocked even for f16 dense);
     llama.cpp is always dense, with its cache types for ``kv`` and ``flash_attn`` (None: on
-    exactly for a quantized cache)."""
+    exactly for a quantized cache). ``pin``: one thread pinned on each CPU of the thread plan,
+    for either engine."""
     if engine == "llamacpp":
         from app.engine.llamacpp_backend import LlamaCppBackend
 
@@ -245,7 +257,8 @@ def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bo
             if shape.key_length % 32 or shape.value_length % 32:
                 raise ValueError(f"{Path(model_path).name}: llama.cpp's q8_0/q4_0 KV cache needs head sizes that "
                                  f"are multiples of 32, this model's are {shape.key_length}/{shape.value_length}")
-        return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, kv=kv, flash_attn=flash_attn)
+        return LlamaCppBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, kv=kv, flash_attn=flash_attn,
+                               pin_cpus=thread_plan(threads).cpus if pin else None)
     from app.engine.ellm_backend import EllmBackend
 
     return EllmBackend(str(model_path), n_ctx=n_ctx, n_threads=threads, pin=pin, kv=kv, attention=attention,
@@ -253,8 +266,14 @@ def open_engine(engine: str, model_path: Path, n_ctx: int, threads: int, pin: bo
 
 
 def machine_info(model_path: Path, threads: int, bandwidth: float | None = None,
-                 stream: float | None = None) -> dict:
-    info = {"cpu": _cpu_model(), "platform": platform.platform(), "threads": threads, "model": model_path.name}
+                 stream: float | None = None, pinning: tuple[bool, ...] = (True,)) -> dict:
+    from app.engine.llamacpp_backend import cpu_has_amx
+
+    info = {"cpu": _cpu_model(), "platform": platform.platform(), "threads": threads, "model": model_path.name,
+            "trained_context": scan_gguf(model_path).context_length or None,
+            "pinning": " and ".join(PINNING[p] for p in pinning), "notes": []}
+    if cpu_has_amx():
+        info["notes"].append(AMX_NOTE)
     if bandwidth is not None:
         info["read_bandwidth_gb_s"] = round(bandwidth, 2)
     if stream is not None:
@@ -262,11 +281,39 @@ def machine_info(model_path: Path, threads: int, bandwidth: float | None = None,
     return info
 
 
+PINNING = {True: "both engines pinned one thread per CPU of the thread plan",
+           False: "both engines' threads placed by the OS (unpinned)"}
+AMX_NOTE = ("llama.cpp runs without its AMX and repacked weight buffers on this AMX CPU: llama-cpp-python "
+            "0.3.36 crashes with them (a segmentation fault at the first matrix product), as "
+            "'llama-cli --no-repack' would run")
+# The default contexts stay this far inside the trained window, for the answer and the margin
+# a document's context is sized with (run_bench: context + decode steps + CONTEXT_MARGIN).
+CONTEXT_MARGIN = 64
+
+
+def default_contexts(model_path: Path, decode_steps: int) -> tuple[int, ...]:
+    """Contexts a speed run measures when none are asked for, all inside the model's trained
+    window: 4,096 tokens, half the window, and the window's last round figure (one significant
+    digit) that leaves room for the answer: for a 32,768-token model 4,096, 16,384 and 30,000."""
+    trained = scan_gguf(model_path).context_length or 4096
+    room = trained - decode_steps - CONTEXT_MARGIN
+    if room < 1:
+        return (max(1, trained // 2),)
+    unit = 10 ** (len(str(room)) - 1)
+    picks = {c for c in (4096, trained // 2, room // unit * unit) if 0 < c <= room}
+    return tuple(sorted(picks)) or (room,)
+
+
+def thread_plan(threads: int):
+    from app.runtime.engines import thread_plan as plan
+
+    return plan(threads)
+
+
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
-    from app.runtime.engines import default_threads
     from app.engine.attention.config import SparseConfig
 
-    threads = cfg.threads or default_threads()
+    threads = cfg.threads or thread_plan(0).count
     weights = scan_gguf(cfg.model_path).weight_bytes_per_token()
     sparse = cfg.sparse or SparseConfig()
     sparse_opts = sparse.options()
@@ -278,23 +325,23 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         from app.bench.states import BenchStates
 
         states = BenchStates(cfg.states_dir)
+    trained = scan_gguf(cfg.model_path).context_length or 0
     for run in plan_runs(cfg):
-        if run.attention == AUTO:
-            # What a question about a document of that many tokens, answered in decode_steps
-            # tokens, runs with nothing chosen (runtime/auto.py): the blocked cache (every question
-            # about documents), the document read densely within the trained window (the answer
-            # from the voted blocks from SPARSE_DECODE_FROM tokens on), beyond it the document
-            # read as sparse reads it and the answer from the voted blocks.
-            groups = [((c,), _auto_attention(cfg, c)) for c in cfg.contexts]
-        else:
-            groups = [(cfg.contexts, run.attention)]
+        # A backend per context, sized as a document of that many tokens answered in
+        # decode_steps tokens: the context decides how the engine reads (dense within the trained
+        # window, sparse beyond it), so one sized for the run's longest would read them all so.
+        # "auto": what such a question runs with nothing chosen (runtime/auto.py): the blocked
+        # cache (every question about documents), the document read densely within the trained
+        # window (the answer from the voted blocks from SPARSE_DECODE_FROM tokens on), beyond it
+        # the document read as sparse reads it and the answer from the voted blocks.
+        groups = [((c,), _auto_attention(cfg, c) if run.attention == AUTO else run.attention) for c in cfg.contexts]
         for contexts, mode in groups:
             attention = sparse.in_mode(mode)
-            n_ctx = max(contexts) + cfg.decode_steps + 64
+            n_ctx = max(contexts) + cfg.decode_steps + CONTEXT_MARGIN
             if progress:
                 progress(f"{run.label}: loading")
             try:
-                backend = open_engine(run.engine, cfg.model_path, n_ctx, threads, run.pinned is not False,
+                backend = open_engine(run.engine, cfg.model_path, n_ctx, threads, run.pinned,
                                       kv=run.kv, attention=attention, flash_attn=run.flash_attn,
                                       documents=run.attention == AUTO)
             except (ValueError, RuntimeError) as e:   # one combination this model or engine cannot run
@@ -313,21 +360,28 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
                 say = (lambda what, label=f"{run.label}: {context} tokens of context": progress(f"{label}: {what}")) \
                     if progress else None
                 prefill, decode, steps, source = measure(backend, context, cfg.decode_steps, context, states, say)
+                if say:   # each figure as soon as it is measured: a long run stopped early keeps them
+                    say(f"prefill {prefill:.1f} tok/s ({source}), decode {decode:.1f} tok/s")
                 # The cache's cost at this context, as the engine counted it after the prefill.
                 stored, kv_read = backend.stats.kv_bytes_per_token, backend.stats.kv_read_bytes_per_token
                 bpt = {"weights": weights, "kv": kv_read, "metadata": 0, "total": weights + kv_read}
                 notes = [f"{AUTO_NOTE}{mode}"] if run.attention == AUTO else []
-                parts = None
+                parts = chunk = None
                 if run.engine == "ellm":   # after the measured steps, so that they run untouched
-                    parts = step_parts(backend, filler_prompt(backend, context, context), PART_STEPS, weights)
+                    prompt = filler_prompt(backend, context, context)
+                    parts = step_parts(backend, prompt, PART_STEPS, weights)
+                    # the context's last chunk read again (other tokens): a chunk at the context's end
+                    n = min(PREFILL_CHUNK, context - 1)
+                    chunk = chunk_parts(backend, prompt[:context - n], filler_prompt(backend, n + 1, -2)[1:])
                 results.append(BenchResult(run.engine, run.attention, run.kv, context, prefill, decode, bpt,
                                            bpt["total"] * decode / 1e9, steps, run.pinned, stored,
                                            None if mode == "dense" else answer_options(backend, sparse_opts),
-                                           flash_attn, source, notes, parts))
+                                           flash_attn, source, notes, parts, chunk, reading_of(backend),
+                                           bool(trained) and n_ctx > trained))
             backend.close()
     rows = [r.as_dict() for r in results]
     add_ratios(rows)
-    report = {"machine": machine_info(cfg.model_path, threads, bandwidth, stream), "results": rows}
+    report = {"machine": machine_info(cfg.model_path, threads, bandwidth, stream, cfg.pinning), "results": rows}
     if skipped:
         report["skipped"] = skipped
     return report
@@ -342,33 +396,51 @@ def _auto_attention(cfg: BenchConfig, context: int) -> str:
     return choose(Settings(max_tokens=cfg.decode_steps), cfg.model_path, "ellm", doc_tokens=context).attention
 
 
+def reading_of(backend) -> str:
+    """How the backend read its prompt: "dense", or "sparse" (eLLM's sparse reading, a lossy
+    read: the mode its persisted prefixes are made in)."""
+    return "dense" if backend.cache_signature().get("attention", "dense") == "dense" else "sparse"
+
+
 def add_ratios(rows: list[dict]) -> None:
     """Give every row ``vs_llamacpp``: its decode and prefill tok/s over llama.cpp's f16 dense
-    at the same context (None where that was not measured), and ``vs_llamacpp_best``: over the
-    fastest llama.cpp row at that context, decode and prefill each against its own fastest,
-    with which configuration that was (None without llama.cpp rows)."""
-    base = {r["context"]: r for r in rows if (r["engine"], r["kv"], r["attention"]) == BASELINE
+    at the same context and pinning (None where that was not measured), and ``vs_llamacpp_best``:
+    over the fastest llama.cpp row at that context and pinning, decode and prefill each against
+    its own fastest, with which configuration that was (None without llama.cpp rows). Only
+    figures measured in this run are divided: a prefill recorded with a kept state gets None."""
+    def key(r):
+        return r["context"], r.get("pinned")
+
+    def measured(r):
+        return r.get("prefill_from", "measured") == "measured"
+
+    base = {key(r): r for r in rows if (r["engine"], r["kv"], r["attention"]) == BASELINE
             and not r.get("flash_attn")}
-    best_decode: dict[int, dict] = {}
-    best_prefill: dict[int, dict] = {}
+    best_decode: dict[tuple, dict] = {}
+    best_prefill: dict[tuple, dict] = {}
     for r in rows:
         if r["engine"] != "llamacpp":
             continue
-        c = r["context"]
-        if r["decode_tok_s"] > best_decode.get(c, {}).get("decode_tok_s", 0):
-            best_decode[c] = r
-        if r["prefill_tok_s"] > best_prefill.get(c, {}).get("prefill_tok_s", 0):
-            best_prefill[c] = r
+        k = key(r)
+        if r["decode_tok_s"] > best_decode.get(k, {}).get("decode_tok_s", 0):
+            best_decode[k] = r
+        if measured(r) and r["prefill_tok_s"] > best_prefill.get(k, {}).get("prefill_tok_s", 0):
+            best_prefill[k] = r
+
+    def ratio(a, b, field):
+        if field == "prefill_tok_s" and not (measured(a) and measured(b)):
+            return None
+        return round(a[field] / b[field], 3) if b[field] else None
+
     for r in rows:
-        b = base.get(r["context"])
-        r["vs_llamacpp"] = ({"decode": round(r["decode_tok_s"] / b["decode_tok_s"], 3),
-                             "prefill": round(r["prefill_tok_s"] / b["prefill_tok_s"], 3)}
-                            if b and b["decode_tok_s"] and b["prefill_tok_s"] else None)
-        bd, bp = best_decode.get(r["context"]), best_prefill.get(r["context"])
-        r["vs_llamacpp_best"] = ({"decode": round(r["decode_tok_s"] / bd["decode_tok_s"], 3),
-                                  "prefill": round(r["prefill_tok_s"] / bp["prefill_tok_s"], 3),
-                                  "decode_of": llamacpp_config(bd), "prefill_of": llamacpp_config(bp)}
-                                 if bd and bp else None)
+        b = base.get(key(r))
+        r["vs_llamacpp"] = ({"decode": ratio(r, b, "decode_tok_s"), "prefill": ratio(r, b, "prefill_tok_s")}
+                            if b else None)
+        bd, bp = best_decode.get(key(r)), best_prefill.get(key(r))
+        r["vs_llamacpp_best"] = ({"decode": ratio(r, bd, "decode_tok_s"),
+                                  "prefill": ratio(r, bp, "prefill_tok_s") if bp else None,
+                                  "decode_of": llamacpp_config(bd), "prefill_of": llamacpp_config(bp) if bp else None}
+                                 if bd else None)
 
 
 def llamacpp_config(row: dict) -> str:
@@ -394,9 +466,13 @@ def format_table(report: dict) -> str:
     lines = [f"{m['model']} on {m['cpu']}, {m['threads']} threads; "
              f"measured read bandwidth {m['read_bandwidth_gb_s']:.1f} GB/s"
              + (f", weight kernels stream {m['weight_stream_gb_s']:.1f} GB/s" if m.get("weight_stream_gb_s") else ""),
-             ""]
+             f"threads: {m.get('pinning', '-')}"
+             + (f"; model trained for {m['trained_context']:,} tokens" if m.get("trained_context") else "")]
+    lines += [f"note: {n}" for n in m.get("notes", ())]
+    lines.append("")
     best = any(r["engine"] == "llamacpp" and r.get("flash_attn") for r in report["results"])
-    head = (f"{'engine':<9} {'pin':<4} {'attn':<6} {'kv':<5} {'fa':<3} {'context':>7} {'prefill t/s':>11} "
+    head = (f"{'engine':<9} {'pin':<4} {'attn':<6} {'kv':<5} {'fa':<3} {'context':>7} {'window':<6} {'read':<6} "
+            f"{'prefill t/s':>11} "
             f"{'decode t/s':>10} {'KV B/tok':>8} {'MB/token':>9} {'(weights':>9} {'kv)':>7} {'GB/s':>6} "
             f"{'vs llama.cpp f16: decode':>24} {'prefill':>7}")
     if best:
@@ -406,25 +482,31 @@ def format_table(report: dict) -> str:
         b = r["bytes_per_token"]
         pin = {True: "yes", False: "no"}.get(r.get("pinned"), "-")
         fa = {True: "on", False: "off"}.get(r.get("flash_attn"), "-")
-        vs = r.get("vs_llamacpp")
-        ratio = f"{vs['decode']:>23.2f}x {vs['prefill']:>6.2f}x" if vs else f"{'-':>24} {'-':>7}"
+        vs = r.get("vs_llamacpp") or {}
+        ratio = f"{_times(vs.get('decode')):>24} {_times(vs.get('prefill')):>7}"
         if best:
-            vb = r.get("vs_llamacpp_best")
-            ratio += f" {vb['decode']:>14.2f}x {vb['prefill']:>6.2f}x" if vb else f" {'-':>15} {'-':>7}"
+            vb = r.get("vs_llamacpp_best") or {}
+            ratio += f" {_times(vb.get('decode')):>15} {_times(vb.get('prefill')):>7}"
         prefill = f"{r['prefill_tok_s']:.1f}" + ("*" if r.get("prefill_from") == "state" else "")
+        window = "beyond" if r.get("beyond_trained") else "inside"
         lines.append(f"{r['engine']:<9} {pin:<4} {r['attention']:<6} {r['kv']:<5} {fa:<3} {r['context']:>7} "
+                     f"{window:<6} {r.get('reading', 'dense'):<6} "
                      f"{prefill:>11} {r['decode_tok_s']:>10.1f} {r.get('kv_bytes_per_token', 0):>8} "
                      f"{b['total'] / 1e6:>9.1f} {b['weights'] / 1e6:>9.1f} {b['kv'] / 1e6:>7.1f} "
                      f"{r['gb_s']:>6.2f} {ratio}")
     if any(r.get("prefill_from") == "state" for r in report["results"]):
-        lines += ["", "* prefill measured when the kept prefilled state was made (an earlier run)"]
+        lines += ["", "* prefill recorded when the kept prefilled state was made (an earlier run): shown, "
+                  "never divided (--no-states measures every prefill in this run)"]
     if best:
         firsts = {}
         for r in report["results"]:
             if r.get("vs_llamacpp_best"):
                 firsts.setdefault(r["context"], r["vs_llamacpp_best"])
         lines += ["", "llama.cpp's fastest: " + "; ".join(
-            f"{c}: decode {v['decode_of']}, prefill {v['prefill_of']}" for c, v in firsts.items())]
+            f"{c}: decode {v['decode_of']}, prefill {v['prefill_of'] or '-'}" for c, v in firsts.items())]
+    if any(r.get("beyond_trained") for r in report["results"]):
+        lines += ["", "beyond: the context exceeds the model's trained window; eLLM reads such a prompt as "
+                  "its 'read' column says (sparse: a lossy read, not comparable with llama.cpp's dense one)"]
     chosen = [f"{r['context']} {n[len(AUTO_NOTE):]}" for r in report["results"] for n in r.get("notes", ())
               if n.startswith(AUTO_NOTE)]
     if chosen:
@@ -438,6 +520,10 @@ def format_table(report: dict) -> str:
         fa = {True: " flash-attn", False: " no-flash-attn"}.get(s.get("flash_attn"), "")
         lines.append(f"skipped {s['engine']} {s['kv']} {s['attention']}{fa}: {s['reason']}")
     return "\n".join(lines)
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def parts_table(rows: list[dict]) -> list[str]:
@@ -456,6 +542,17 @@ def parts_table(rows: list[dict]) -> list[str]:
         lines.append(f"{r['attention']:<6} {r['kv']:<5} {r['context']:>7} {sp['step_ms']:>8.2f} "
                      + " ".join(f"{sp[p + '_ms']:>12.2f}" for p in PARTS)
                      + f" {rate(sp['weights_gb_s']):>12} {rate(sp['kv_gb_s']):>8}")
+    chunks = [r for r in rows if r.get("chunk_parts")]
+    if chunks:
+        head = (f"{'attn':<6} {'kv':<5} {'context':>7} {'tokens':>6} {'chunk ms':>9} {'tok/s':>7} "
+                + " ".join(f"{p + ' ms':>12}" for p in PARTS))
+        lines += ["", "where an eLLM prefill chunk goes (the context's last chunk read again with other tokens, "
+                  "timed by part; choice: the observed queries' votes for the blocks an answer reads)",
+                  head, "-" * len(head)]
+        for r in chunks:
+            cp = r["chunk_parts"]
+            lines.append(f"{r['attention']:<6} {r['kv']:<5} {r['context']:>7} {cp['tokens']:>6} {cp['chunk_ms']:>9.1f} "
+                         f"{cp['tok_s'] or 0:>7.1f} " + " ".join(f"{cp[p + '_ms']:>12.1f}" for p in PARTS))
     return lines
 
 

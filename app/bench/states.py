@@ -2,10 +2,12 @@
 prompt, in the bench's data directory, so that a repeated run measures decode at 16K-32K
 tokens without reading the prompt again (tens of minutes on two cores for each setting).
 
-A state is keyed by the model file's fingerprint, the engine's cache settings (KV format,
-attention, flash attention), the context and the prompt's tokens (the salt makes the prompt).
-The prefill speed is measured when a state is first made and recorded beside it; a run that
-loads the state reports that record. eLLM's blocked caches are written by its own prefix files
+A state is keyed by the model file's fingerprint, the engine's code (a hash of eLLM's engine
+sources, or llama-cpp-python's version), its cache settings (KV format, attention, flash
+attention), the context and the prompt's tokens (the salt makes the prompt): a state made by
+other code is never loaded. The prefill speed is measured when a state is first made and
+recorded beside it; a run that loads the state reports that record as a record (``"state"``),
+which the bench shows but never divides by a figure of its own run. eLLM's blocked caches are written by its own prefix files
 (``ensure_prefix``, checksummed); llama.cpp's through its state file
 (``llama_state_save_file``). eLLM's dense f16 cache has no file: it is prefilled every time.
 """
@@ -42,8 +44,8 @@ class BenchStates:
     def _key(self, backend, context: int, tokens: Sequence[int]) -> str:
         from app.qa.doc_cache import cache_key, model_fingerprint
 
-        signature = {**backend.cache_signature(), "engine": backend.name, "context": context,
-                     "bench_states": STATES_VERSION}
+        signature = {**backend.cache_signature(), "engine": backend.name, "code": engine_code(backend.name),
+                     "context": context, "bench_states": STATES_VERSION}
         return cache_key(model_fingerprint(backend.model_path), signature, tokens)
 
     def prefill(self, backend, tokens: Sequence[int], context: int, progress=None) -> Prefilled:
@@ -86,8 +88,21 @@ class BenchStates:
             raise OSError(result.save_error)
         _write_record(record_path, {"prefill_tok_s": rate, "seconds": seconds, "tokens": len(tokens) - resumed_at[0],
                                     "made": time.strftime("%Y-%m-%d %H:%M:%S"), "engine": backend.name,
+                                    "code": engine_code(backend.name),
                                     "settings": backend.cache_signature()})
         return Prefilled("made", rate, seconds)
+
+
+def engine_code(engine: str) -> str:
+    """Which code made a state: eLLM's engine source hash (the key its compiled kernels are
+    kept under), or the llama-cpp-python version (the llama.cpp it bundles)."""
+    if engine == "llamacpp":
+        import llama_cpp
+
+        return f"llama-cpp-python {llama_cpp.__version__}"
+    from app.engine.kernel_cache import source_key
+
+    return f"ellm {source_key()}"
 
 
 def _read_record(path: Path) -> dict | None:

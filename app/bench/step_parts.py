@@ -1,15 +1,19 @@
-"""Where an eLLM decode step's time goes: the bench's answer to "what limits this figure".
+"""Where an eLLM decode step's and prefill chunk's time goes: the bench's answer to "what limits
+this figure".
 
 A decode step is timed in parts by wrapping, for a few extra steps after the measured ones,
 the functions the transformer calls for each part (the wrappers are removed afterwards, so
-the measured steps run the engine untouched):
+the measured steps run the engine untouched); a prefill chunk likewise, for one more chunk
+appended to the measured context (``chunk_parts``):
 
-  weights    the weight products (ProductStack.matvec, QMatrix.matvec): weight bytes / this
-             time is the rate the kernels stream the weights;
+  weights    the weight products (ProductStack.matvec, QMatrix.matvec; a chunk's through
+             _linear): weight bytes / this time is the rate the kernels stream the weights;
   attention  reading the KV cache and attending over it (attend_blocks, attend), less the
              block choice: KV bytes read / this time is the rate the cache is read;
   choice     sparse attention's block choice (select: the blocks' key bounds scored against
-             the query), zero for a step that reuses the last choice;
+             the query), zero for a step that reuses the last choice; in a chunk also the
+             observed queries' votes for the blocks an answer reads (observed_attention, with
+             those queries' own attention);
   kernels    the small per-layer kernels: norms, RoPE with the biases, SwiGLU/GeGLU, writing
              the new token's keys and values into the cache;
   other      the rest of the step: the Python between the calls, the embedding row, sampling
@@ -31,11 +35,13 @@ from contextlib import contextmanager
 # (part, module, class or None, function): what is timed as each part. A call inside another of
 # the same part (a ProductStack's lone matrix through QMatrix.matvec) counts once, in the outer.
 TIMED = (
+    ("weights", "app.engine.model.transformer", None, "_linear"),
     ("weights", "app.engine.quant.stack", "ProductStack", "matvec"),
     ("weights", "app.engine.quant.qmatrix", "QMatrix", "matvec"),
     ("attention", "app.engine.model.transformer", None, "attend_blocks"),
     ("attention", "app.engine.model.transformer", None, "attend"),
     ("choice", "app.engine.attention.blocks", None, "select"),
+    ("choice", "app.engine.attention.blocks", None, "observed_attention"),
     ("kernels", "app.engine.model.transformer", None, "rms_norm_rows"),
     ("kernels", "app.engine.model.transformer", None, "add_rms_norm_rows"),
     ("kernels", "app.engine.model.transformer", None, "_qkv_bias_rope_keys"),
@@ -116,3 +122,27 @@ def step_parts(backend, prompt: list[int], steps: int, weight_bytes: int) -> dic
             **{f"{p}_ms": round(part_s[p] * 1e3, 3) for p in PARTS},
             "weights_gb_s": round(weight_bytes / part_s["weights"] / 1e9, 2) if part_s["weights"] > 0 else None,
             "kv_gb_s": round(kv_read / part_s["attention"] / 1e9, 2) if part_s["attention"] > 0 else None}
+
+
+def chunk_parts(backend, prompt: list[int], extra: list[int]) -> dict:
+    """Prefill ``extra`` after ``prompt`` (which the backend's cache holds, or shares a prefix
+    with) on an EllmBackend with the parts timed: the milliseconds of each part for the chunk,
+    the tokens it prefilled, and its tokens/s. What a chunk at the end of a long context costs,
+    the slowest of its reading."""
+    from dataclasses import replace
+
+    from app.engine.backend import SamplingParams
+
+    params = replace(SamplingParams.make_greedy(1), ignore_eos=True)
+    with timed_parts() as clock:
+        t0 = time.perf_counter()
+        for _ in backend.generate(list(prompt) + list(extra), params):
+            break
+        chunk_s = time.perf_counter() - t0
+        part_s = dict(clock.seconds)
+    part_s["attention"] -= part_s["choice"]
+    part_s["other"] = chunk_s - sum(part_s[p] for p in PARTS if p != "other")
+    tokens = backend.stats.prompt_tokens - backend.stats.reused_prompt_tokens
+    return {"tokens": tokens, "at": backend.stats.reused_prompt_tokens, "chunk_ms": round(chunk_s * 1e3, 1),
+            "tok_s": round(tokens / chunk_s, 2) if chunk_s > 0 else None,
+            **{f"{p}_ms": round(part_s[p] * 1e3, 1) for p in PARTS}}

@@ -15,7 +15,12 @@ def cmd_bench(ctx: Context) -> int:
     for e in engines:
         if e not in ("ellm", "llamacpp"):
             raise CliError(f"unknown engine '{e}' in --engines; choose from ellm, llamacpp")
-    contexts_text = a.contexts or ("4096" if a.passkey else "512")
+    speed = not (a.needle_folder or a.passkey)
+    contexts_text = a.contexts or ("4096" if a.passkey else "512")   # --needle-folder sizes its own
+    if speed and not a.contexts:
+        from app.bench.speed import default_contexts
+
+        contexts_text = ",".join(str(c) for c in default_contexts(ctx.model_path, a.steps))
     try:
         contexts = tuple(int(c) for c in comma_list(contexts_text))
     except ValueError as e:
@@ -24,8 +29,7 @@ def cmd_bench(ctx: Context) -> int:
         raise CliError(f"--contexts takes positive numbers separated by commas, not '{contexts_text}'")
     kvs = kv_names(a.kv_list)
     attentions = comma_list(a.attention_list or ("dense,sparse" if a.passkey else
-                                                 "sparse" if a.needle_folder else "dense"))
-    speed = not (a.needle_folder or a.passkey)
+                                                 "sparse" if a.needle_folder else "auto"))
     choices = (*MODES, "auto") if speed else MODES
     if not attentions:
         raise CliError(f"--attention takes {', '.join(choices)} separated by commas")

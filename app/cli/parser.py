@@ -178,11 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", default=None,
                    help="comma-separated: ellm,llamacpp (default: both; with --passkey, ellm)")
     p.add_argument("--contexts", default=None,
-                   help="comma-separated context lengths in tokens (default: 512; with --passkey, 4096)")
+                   help="comma-separated context lengths in tokens (default: inside the model's trained window, "
+                        "4096, half the window and its last round figure: 4096,16384,30000 for a 32K model; "
+                        "with --passkey, 4096)")
     p.add_argument("--kv", dest="kv_list", default="f16", metavar="SPEC[,SPEC...]",
                    help="KV cache formats: f16, k8v8, k8v4, k4v4 (llama.cpp: f16 always, plus those asked)")
     p.add_argument("--attention", dest="attention_list", default=None, metavar="dense,sparse",
-                   help="attention modes of eLLM, llama.cpp is always dense (default: dense; with --passkey, both)")
+                   help="attention modes of eLLM, llama.cpp is always dense (default: auto, what a question about "
+                        "a document of that many tokens runs; with --passkey, dense,sparse)")
     p.add_argument("--sinks", type=int, default=None, metavar="S", help="sparse: first tokens always attended")
     p.add_argument("--window", type=int, default=None, metavar="W", help="sparse: last tokens always attended")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sparse: blocks retrieved per KV head")
@@ -193,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--observe", type=int, default=None, metavar="N",
                    help="sparse: the prompt's last N tokens choose the blocks decoding reads (0: key bounds)")
     p.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
-    p.add_argument("--pin", default="on", help="ellm threads pinned one per CPU: on, off, or on,off to compare")
+    p.add_argument("--pin", default="on", help="both engines' threads pinned one per CPU: on, off, or on,off to compare")
     p.add_argument("--llamacpp-best", action="store_true",
                    help="llama.cpp with f16 and q8_0 KV, flash attention on and off; ratios also against its fastest")
     p.add_argument("--llamacpp-kv", default=None, metavar="LIST",

@@ -105,9 +105,12 @@ class LlamaCppBackend:
     prefix_multiple = 1
 
     def __init__(self, model_path: str, n_ctx: int = 8192, n_threads: int | None = None,
-                 n_batch: int = 512, numa: bool | int = False, kv: str = "f16", flash_attn: bool | None = None):
+                 n_batch: int = 512, numa: bool | int = False, kv: str = "f16", flash_attn: bool | None = None,
+                 pin_cpus: Sequence[int] | None = None):
         """kv: a KV setting name, mapped onto llama.cpp's cache types (f16, q8_0, q4_0); its
-        quantized V cache needs flash attention, which is on by default exactly then."""
+        quantized V cache needs flash attention, which is on by default exactly then.
+        pin_cpus: run one thread pinned on each of these CPUs (llamacpp_threads.py; the
+        benchmark pins both engines alike), instead of ``n_threads`` placed by the OS."""
         import llama_cpp  # imported here: loading the shared library costs ~0.3 s
 
         if kv not in LLAMACPP_KV_TYPES:
@@ -118,11 +121,16 @@ class LlamaCppBackend:
         self.kv = kv
         self.flash_attn = kv != "f16" if flash_attn is None else flash_attn
         self.llm = open_llama(
-            self.model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-            n_threads_batch=n_threads, numa=numa, type_k=type_k, type_v=type_v, flash_attn=self.flash_attn,
+            self.model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=len(pin_cpus) if pin_cpus else n_threads,
+            n_threads_batch=len(pin_cpus) if pin_cpus else n_threads, numa=numa, type_k=type_k, type_v=type_v, flash_attn=self.flash_attn,
             verbose=False,
         )
         self.n_ctx = self.llm.n_ctx()
+        self.pinned = None
+        if pin_cpus:
+            from .llamacpp_threads import PinnedPool
+
+            self.pinned = PinnedPool(self.llm.ctx, pin_cpus)
         self.stats = GenerationStats()
         layout = scan_gguf(self.model_path)
         self._shape = KVShape.from_layout(layout)
@@ -171,6 +179,7 @@ class LlamaCppBackend:
         stats.kv_bytes_per_token = self.kv_bytes_per_token()
         stats.kv_read_bytes_per_token = stats.kv_bytes_per_token * len(prompt)
         self.llm.set_seed(params.seed)
+        self._note_caller()
         t0 = time.perf_counter()
         stream = self.llm.generate(
             prompt, top_k=params.top_k if not params.greedy else 1, top_p=params.top_p, min_p=0.0,
@@ -223,6 +232,7 @@ class LlamaCppBackend:
         if keep >= len(tokens):
             return Prefix("hit", "memory")
         llm = self.llm
+        self._note_caller()
         llm.n_tokens = keep          # Llama.eval drops the cache after n_tokens before it evaluates
         if progress is not None:
             progress(keep, len(tokens))
@@ -288,5 +298,11 @@ class LlamaCppBackend:
     def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
         return []  # llama.cpp's cache holds no blocks to copy (capabilities.beside is False)
 
+    def _note_caller(self) -> None:
+        if self.pinned is not None:
+            self.pinned.note_caller()
+
     def close(self) -> None:
+        if self.pinned is not None:
+            self.pinned.close()
         self.llm.close()

