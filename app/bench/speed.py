@@ -134,7 +134,8 @@ class BenchResult:
                 "decode_steps": self.decode_steps, "pinned": self.pinned,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "sparse": self.sparse,
                 "flash_attn": self.flash_attn, "prefill_from": self.prefill_from, "notes": self.notes,
-                "step_parts": self.step_parts, "chunk_parts": self.chunk_parts, "reading": self.reading, "beyond_trained": self.beyond_trained}
+                "step_parts": self.step_parts, "chunk_parts": self.chunk_parts, "reading": self.reading,
+                "beyond_trained": self.beyond_trained}
 
 
 def read_bandwidth_gb_s() -> float:

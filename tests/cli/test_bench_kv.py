@@ -350,7 +350,8 @@ def test_ratios_compare_rows_of_the_same_pinning_only():
         return {"engine": engine, "kv": "f16", "attention": "dense", "context": 512, "pinned": pinned,
                 "flash_attn": False, "decode_tok_s": decode, "prefill_tok_s": 10.0, "prefill_from": "measured"}
 
-    rows = [row("ellm", True, 30.0), row("ellm", False, 20.0), row("llamacpp", True, 15.0), row("llamacpp", False, 10.0)]
+    rows = [row("ellm", True, 30.0), row("ellm", False, 20.0), row("llamacpp", True, 15.0),
+            row("llamacpp", False, 10.0)]
     add_ratios(rows)
     assert [r["vs_llamacpp"]["decode"] for r in rows] == [2.0, 2.0, 1.0, 1.0]
 
