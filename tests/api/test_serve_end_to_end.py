@@ -65,7 +65,11 @@ def test_the_openai_client_talks_to_ellm_serve_and_nothing_leaves_the_machine(se
     # the follow-up continues the first answer's cache: only its own turn is new
     assert usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens - 2
     assert usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens < 64
-    log_lines = [line for line in err.read_text().splitlines() if "POST /v1/chat/completions 200" in line]
+    # a request's line is written once its response is complete: the client may read [DONE] before it
+    deadline, log_lines = time.monotonic() + 30, []
+    while len(log_lines) < 2 and time.monotonic() < deadline:
+        log_lines = [line for line in err.read_text().splitlines() if "POST /v1/chat/completions 200" in line]
+        time.sleep(0.1)
     assert len(log_lines) == 2 and "lighthouse" not in "".join(log_lines)
     assert not log.exists(), log.read_text()
 
