@@ -313,8 +313,9 @@ def thread_plan(threads: int):
 
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     from app.engine.attention.config import SparseConfig
+    from app.runtime.engines import default_threads
 
-    threads = cfg.threads or thread_plan(0).count
+    threads = cfg.threads or default_threads()
     weights = scan_gguf(cfg.model_path).weight_bytes_per_token()
     sparse = cfg.sparse or SparseConfig()
     sparse_opts = sparse.options()
