@@ -60,6 +60,35 @@ class Session:
                 total += self.model_tokens(doc) + PAGE_MARKER_TOKENS * int(doc["pages"] or 0)
         return total
 
+    def question_tokens(self, doc_ids) -> int:
+        """The documents' tokens an automatic context must hold for a question about ``doc_ids``:
+        all of them (``doc_tokens``) for one document, or when each is read or short enough to read
+        at once. Otherwise the question is answered at once from what is ready (qa/answer.py): the
+        read documents its best passages come from, whole, and the others' passages; the context
+        holds the read ones (no more than the model's trained window takes, so their caches are
+        the ones reading made) and room for the passages."""
+        from app.qa.across import ROOM
+        from app.qa.answer import PASSAGES_ROOM, READ_AT_ONCE
+        from app.qa.reading import READ, read_states
+        from app.runtime.auto import BESIDE_ROOM, document_needs
+        from app.runtime.model_files import scan_gguf
+
+        ids = [int(i) for i in doc_ids]
+        if len(ids) < 2 or not self.backend_keeps_files():   # nothing stays read: every question reads all
+            return self.doc_tokens(ids)
+        try:
+            states = read_states(self.store, self.model_path)
+        except (SessionError, OSError):
+            return self.doc_tokens(ids)
+        sizes = {d: self.doc_tokens([d]) for d in ids}
+        read = [d for d in ids if states.get(d) == READ]
+        if all(d in read or sizes[d] <= READ_AT_ONCE for d in ids):
+            return sum(sizes.values())
+        spare = PASSAGES_ROOM + ROOM       # what Job.read_among_best leaves beside the read documents
+        trained = scan_gguf(self.model_path).context_length or 0
+        room = max(0, trained - document_needs(0) - BESIDE_ROOM - spare)
+        return min(sum(sizes[d] for d in read), room) + spare
+
     def model_tokens(self, doc: dict) -> int:
         """The document's text in tokens of the settings' model: ingestion's count when that
         model made it, else counted now and kept (store.token_counts). Where the model cannot

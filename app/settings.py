@@ -20,7 +20,9 @@ from app.runtime.engines import ENGINES
 KV_SETTINGS = (AUTO,) + KV_NAMES
 ATTENTION = (AUTO,) + MODES
 
-__all__ = ["ATTENTION", "ENGINES", "KV_SETTINGS", "NUMA_POLICIES", "Paths", "Settings", "default_data_dir"]
+AUTO_BUDGET = -1   # the cache budget's "automatic": a share of the disk (qa/cache_budget.py)
+
+__all__ = ["ATTENTION", "AUTO_BUDGET", "ENGINES", "KV_SETTINGS", "NUMA_POLICIES", "Paths", "Settings", "default_data_dir"]
 
 
 def default_data_dir() -> Path:
@@ -82,6 +84,8 @@ class Settings:
     attention: str = "auto"  # auto | dense | sparse | sparse-decode (README, "Sparse attention", "Automatic settings")
     api_server: bool = False  # the window serves the local OpenAI-compatible API (on 127.0.0.1 only)
     api_port: int = 8080  # ... on this port
+    cache_budget: int = AUTO_BUDGET  # bytes of disk for document caches; -1 = automatic (README, "Cache budget")
+    read_ahead_share: float = 0.5  # reading ahead stops at this share of the budget for documents nobody opened
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -96,6 +100,11 @@ class Settings:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, not {self.attention!r}")
         if self.numa not in NUMA_POLICIES:
             raise ValueError(f"NUMA policy must be one of {', '.join(NUMA_POLICIES)}, not {self.numa!r}")
+        if self.cache_budget < AUTO_BUDGET:
+            raise ValueError(f"the cache budget must be a number of bytes (or -1, automatic), not {self.cache_budget}")
+        if not 0.0 <= self.read_ahead_share <= 1.0:
+            raise ValueError(f"the share of the cache budget reading ahead may fill must be between 0 and 1, "
+                             f"not {self.read_ahead_share}")
         if not 1 <= self.api_port <= 65535:
             raise ValueError(f"the API server's port must be between 1 and 65535, not {self.api_port}")
 

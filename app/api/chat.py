@@ -145,7 +145,7 @@ class ChatService:
 
     def _about(self, req, session: Session, target):
         doc_ids = list(target.doc_ids)
-        backend = session.backend(session.doc_tokens(doc_ids))
+        backend = session.backend(session.question_tokens(doc_ids))
         params = self.params(req, session)
         question_tokens = len(backend.tokenize(req.question, add_bos=False, special=False))
         if question_tokens + params.max_tokens + 64 > backend.n_ctx:

@@ -93,6 +93,10 @@ MODES = (
     EvalMode("sparse-decode", "eLLM's engine, f16, the document read densely and the answer decoded from the blocks "
              "the question chose, a context that holds the whole document, nothing beside", engine="ellm", kv="f16",
              attention="sparse-decode", whole_context=True, beside="none"),
+    EvalMode("k8v8", "the settings as they are, on a read document, its KV cache in k8v8 (8-bit keys and values: "
+             "half of f16's bytes)", kv="k8v8"),
+    EvalMode("k8v4", "the settings as they are, on a read document, its KV cache in k8v4 (8-bit keys, 4-bit "
+             "values)", kv="k8v4"),
     EvalMode("rag8k", "llama.cpp, 8192-token context: the relevance selection of whole pages the app falls back to "
              "when a document does not fit", engine="llamacpp", n_ctx=8192, beside="none"),
 )

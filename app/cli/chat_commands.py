@@ -87,7 +87,7 @@ def cmd_chat(ctx: Context) -> int:
         pass
     a = ctx.args
     target, conversation, doc_ids = conversation_for(ctx)
-    backend = ctx.backend(ctx.session.doc_tokens(doc_ids))
+    backend = ctx.backend(ctx.session.question_tokens(doc_ids))
     params = ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens)
     titles = [(ctx.store.document(d) or {}).get("title", str(d)) for d in doc_ids]
     err(f"Chatting about {'; '.join(titles[:3])}{f' and {len(titles) - 3} more' if len(titles) > 3 else ''}"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from app.cli.context import CliError, Context, ProgressLine, err
-from app.settings import Paths
+from app.settings import AUTO_BUDGET, Paths, Settings
 
 
 def cmd_gui(ctx: Context) -> int:
@@ -23,7 +23,7 @@ def cmd_ingest(ctx: Context) -> int:
 
     def show(event) -> None:
         if not ctx.json:
-            print(f"[{event.index}/{event.total}] {event.line()}", flush=True)
+            print(f"{event.count()} {event.line()}", flush=True)
 
     report = ingest(ctx.store, ctx.args.paths, count, progress=show)
     if ctx.json:
@@ -81,7 +81,7 @@ def cmd_ask(ctx: Context) -> int:
 
     a = ctx.args
     target, conversation, doc_ids = conversation_for(ctx)
-    backend = ctx.backend(ctx.session.doc_tokens(doc_ids))
+    backend = ctx.backend(ctx.session.doc_tokens(doc_ids) if a.whole else ctx.session.question_tokens(doc_ids))
     params = ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens)
     streaming = not ctx.json
     if streaming and a.verbose:
@@ -109,15 +109,18 @@ def cmd_ask(ctx: Context) -> int:
 
 
 def cmd_read(ctx: Context) -> int:
-    """Read documents into their KV caches ahead of the questions (qa/reading.py)."""
+    """Read documents into their KV caches ahead of the questions (qa/reading.py): the ones
+    named (a person's choice: the cache budget makes room for them), or ``--all`` in reading
+    ahead's order and within its share of the budget."""
     from app.qa.doc_cache import DocCaches, store_cache_dir
-    from app.qa.reading import read_document
+    from app.qa.reading import STOPPED, read_document, reading_order
 
     a = ctx.args
     if a.all:
-        docs = [d for d in ctx.store.documents() if d["status"] == "ingested"]
+        docs = reading_order([d for d in ctx.store.documents() if d["status"] == "ingested"])
     else:
         docs = [ctx.resolve_doc(ref) for ref in a.docs]
+        ctx.store.mark_opened([d["id"] for d in docs])
     if not docs:
         raise CliError("no documents to read: ingest some first (`ellm ingest FOLDER`)")
     caches = DocCaches(ctx.store, store_cache_dir(ctx.store))
@@ -125,12 +128,65 @@ def cmd_read(ctx: Context) -> int:
     rows = []
     for i, doc in enumerate(docs):
         backend = ctx.backend(ctx.session.doc_tokens([doc["id"]]))
-        result = read_document(ctx.store, backend, doc["id"], caches, progress=progress, nth=i + 1, of=len(docs))
+        result = read_document(ctx.store, backend, doc["id"], caches, progress=progress, nth=i + 1, of=len(docs),
+                               ahead=a.all)
         rows.append(result.as_dict())
         if not ctx.json:
-            print(f"{result.title}: {result.status} ({result.tokens:,} tokens, {result.seconds:.1f} s)")
+            print(f"{result.title}: {result.status} ({result.tokens:,} tokens, {result.seconds:.1f} s)"
+                  + (f": {result.note}" if result.note else ""))
+        if result.status == STOPPED:
+            if not ctx.json:
+                err(f"read: {len(docs) - i - 1} more documents not read (`ellm read DOC` reads one, "
+                    f"`ellm cache --budget SIZE` changes the budget)")
+            break
     if ctx.json:
         ctx.print_json(rows)
+    return 0
+
+
+def cmd_cache(ctx: Context) -> int:
+    """The document caches on disk against their budget; ``--budget`` stores a new budget and
+    prunes at once, ``--clear`` deletes caches (qa/cache_budget.py)."""
+    from app.qa.cache_budget import format_size, parse_size
+    from app.qa.doc_cache import DocCaches, store_cache_dir
+
+    a = ctx.args
+    if a.budget is not None:
+        try:
+            size = parse_size(a.budget)
+            Settings.from_dict({**ctx.store.settings(), "cache_budget": size})   # a bad value: the message
+        except ValueError as e:
+            raise CliError(f"--budget: {e}") from e
+        ctx.store.set_settings({"cache_budget": size})
+        ctx.store.clear_cache_notes()
+    budget = DocCaches(ctx.store, store_cache_dir(ctx.store)).budget
+    deleted, busy = [], []
+    if a.clear or a.all:
+        deleted, busy = budget.clear(None if a.all else [ctx.resolve_doc(ref)["id"] for ref in a.clear])
+    if a.budget is not None:
+        deleted += budget.prune()
+    rows = ctx.store.kv_caches_by_use()
+    report = {"total_bytes": sum(r["bytes"] for r in rows), "budget_bytes": budget.budget,
+              "caches": [{"doc": r["doc_id"], "title": r["title"] or r["doc_path"], "bytes": r["bytes"],
+                          "used_at": r["used_at"], "path": r["path"]} for r in reversed(rows)],
+              "memory_only": [{"doc": d["id"], "title": d["title"] or d["path"], "note": d["cache_note"]}
+                              for d in ctx.store.documents() if d.get("cache_note")],
+              "deleted": [{"doc": r["doc_id"], "bytes": r["bytes"], "path": r["path"]} for r in deleted],
+              "in_use": [{"doc": r["doc_id"], "path": r["path"]} for r in busy]}
+    if ctx.json:
+        ctx.print_json(report)
+        return 0
+    auto = " (automatic)" if budget.settings.cache_budget == AUTO_BUDGET else ""
+    print(f"{format_size(report['total_bytes'])} of {format_size(report['budget_bytes'])}{auto} in "
+          f"{len(rows)} document caches, most recently used first:")
+    for c in report["caches"]:
+        print(f"  {format_size(c['bytes']):>9}  {c['used_at'][:19].replace('T', ' ')}  [{c['doc']}] {c['title']}")
+    for m in report["memory_only"]:
+        print(f"  [{m['doc']}] {m['title']}: {m['note']}")
+    if deleted:
+        err(f"cache: deleted {len(deleted)} caches ({format_size(sum(r['bytes'] for r in deleted))})")
+    if busy:
+        err(f"cache: {len(busy)} caches in use by a question or a read were kept")
     return 0
 
 

@@ -8,7 +8,7 @@ from app import __version__
 from app.cli.batch_command import cmd_batch
 from app.cli.chat_commands import cmd_chat, cmd_serve, cmd_threads
 from app.cli.bench_commands import cmd_bench, cmd_eval, cmd_kv_probe
-from app.cli.commands import (cmd_ask, cmd_complete, cmd_docs, cmd_doctor, cmd_gui, cmd_hw, cmd_ingest, cmd_models,
+from app.cli.commands import (cmd_ask, cmd_cache, cmd_complete, cmd_docs, cmd_doctor, cmd_gui, cmd_hw, cmd_ingest, cmd_models,
                               cmd_read, cmd_summarize)
 from app.settings import ATTENTION, ENGINES, KV_SETTINGS
 
@@ -109,6 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     engine_opts(p)
     kv_opts(p)
     p.set_defaults(func=cmd_read)
+
+    p = sub.add_parser("cache", parents=[common],
+                       help="document caches on disk against their budget; set the budget, clear caches")
+    p.add_argument("--budget", default=None, metavar="SIZE",
+                   help="store the disk budget of document caches (bytes, or with K/M/G/T; \"auto\": a share "
+                        "of the disk) and delete the least recently used until they fit")
+    clear = p.add_mutually_exclusive_group()
+    clear.add_argument("--clear", nargs="+", default=None, metavar="DOC",
+                       help="delete these documents' caches (id, title or file name)")
+    clear.add_argument("--all", action="store_true", help="delete every document cache")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("batch", parents=[common],
                        help="ask many documents many questions on Ray workers; resumable, results in the store")

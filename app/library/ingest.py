@@ -10,13 +10,15 @@ import errno
 import hashlib
 import os
 import stat
+import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from app import docs
 from app.library.locking import LockWaitCancelled, file_lock
+from app.library.time_left import duration, time_left
 from app.store import Store
 from app.store.db import now
 
@@ -43,6 +45,16 @@ class IngestEvent:
     pages: int = 0
     tokens: int = 0
     ocr_pages: int = 0  # pages whose text was recognised from their image
+    left_s: float | None = None  # the time the files still to do will take, from the rate so far (by bytes)
+
+    @property
+    def left(self) -> str:
+        """The time left once there is a rate ("2 min left"), else ""."""
+        return f"{duration(self.left_s)} left" if self.left_s else ""
+
+    def count(self) -> str:
+        """Where the ingestion is: "[3/200]", with the time left ("[3/200, 2 min left]")."""
+        return f"[{self.index}/{self.total}" + (f", {self.left}]" if self.left else "]")
 
     def line(self) -> str:
         if self.status == "reading":
@@ -249,7 +261,14 @@ def _ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: Toke
     for folder in folders:
         store.add_folder(folder)
 
-    def emit(event: IngestEvent) -> None:
+    sizes = [_size(c.path) for c in candidates]    # the time left goes by bytes: files differ a thousandfold
+    todo, done, t0 = sum(sizes), 0, time.perf_counter()
+
+    def emit(event: IngestEvent, size: int = 0) -> None:
+        nonlocal done
+        done += size
+        left = time_left(time.perf_counter() - t0, done, todo) if size else None
+        event = replace(event, left_s=left)
         report.events.append(event)
         if progress:
             progress(event)
@@ -269,7 +288,7 @@ def _ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: Toke
         except docs.ReadCancelled:
             report.cancelled = True
             return report
-        emit(event)
+        emit(event, sizes[i - 1])
 
     # Files that were in an ingested folder before and are gone now.
     present = {c.path for c in candidates}
@@ -280,6 +299,13 @@ def _ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: Toke
                 emit(IngestEvent(len(report.events) + 1, total, doc["path"], "missing",
                                  "file no longer exists", doc["id"], doc["title"] or ""))
     return report
+
+
+def _size(path: str) -> int:
+    try:
+        return max(1, os.path.getsize(path))
+    except OSError:
+        return 1
 
 
 GONE = "file disappeared while it was being read (moved or deleted?); ingest again if it comes back"

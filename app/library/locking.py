@@ -20,8 +20,8 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 LOCK_DIR = "locks"
@@ -51,19 +51,55 @@ def holder_of(path: str | os.PathLike) -> str:
         return ""
 
 
-def is_held(path: str | os.PathLike) -> bool:
-    """True when some process holds the lock at ``path`` right now."""
+def is_held(path: str | os.PathLike, shared_too: bool = False) -> bool:
+    """True when some process holds the lock at ``path`` right now (``shared_too``: a shared
+    hold counts too, as ``shared_locks`` takes them)."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_EX if shared_too else fcntl.LOCK_SH) | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     finally:
         os.close(fd)  # closing the descriptor releases our probe
     return False
+
+
+@contextmanager
+def unless_held(path: str | os.PathLike) -> Iterator[bool]:
+    """Whether nobody holds ``path`` (not even shared), keeping it so until the block ends: the
+    block may then remove the file with no holder slipping in between. True for a missing file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def shared_locks(paths: Iterable[str | os.PathLike]) -> Iterator[None]:
+    """Shared locks on the files at ``paths`` (those that exist) until the block ends: many
+    holders at once, each seen by ``is_held(path, shared_too=True)`` (a file in use)."""
+    with ExitStack() as stack:
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            stack.callback(os.close, fd)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
 
 
 def remove_if_unheld(path: str | os.PathLike) -> bool:

@@ -105,8 +105,12 @@ def compose(backend: Backend, caches: DocCaches, parts: list[Part], cancel: Call
         if found is None:
             caches.prepare(backend, p.doc_id, p.prefix, cancel)
             found = caches.registered(backend, p.doc_id, p.prefix)
-        if found is None:
-            raise ComposeError(f"{p.title}: its KV cache file could not be written")
+        elif retry:
+            caches.touch(p.doc_id, found)      # used: the last the cache budget deletes
+        if found is None:      # a full disk, or a cache the budget keeps in memory only (its note says)
+            note = (caches.store.document(p.doc_id) or {}).get("cache_note")
+            raise ComposeError(f"{p.title}: its KV cache file could not be written"
+                               + (f" ({note}; `ellm cache --budget SIZE` raises the budget)" if note else ""))
         files.append(found)
     header = len(parts[0].prompt.header)
     try:

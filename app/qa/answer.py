@@ -33,14 +33,15 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from app.engine.backend import Backend, GenerationStats, SamplingParams, stream_text
+from app.library.time_left import duration
 from app.qa import across
 from app.qa.attended import attended_passages
 from app.qa.citations import cite
 from app.qa.conversation import Conversation
 from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.qa.focus import focus_ranges
-from app.qa.pages import (TEMPLATE_OVERHEAD, ContextPlan, format_pages, load_pages, page_ranges, plan_context,
-                          token_counter)
+from app.qa.pages import (TEMPLATE_OVERHEAD, ContextPlan, PageText, format_pages, load_pages, page_ranges,
+                          plan_context, token_counter)
 from app.qa.prompt import BESIDE_LEAD, SYSTEM_PROMPT, Prompt, build_prompt, question_suffix
 from app.qa.retrieval import PASSAGES, best_passages, fitted, passage_pages
 from app.qa.spans import PromptLayout
@@ -54,6 +55,7 @@ READ_AT_ONCE = 2048   # a document prefix this short is read for its first quest
 BESIDE = "blocks"     # how a read document's answer sees the best passages again (AnswerOptions.beside)
 BESIDE_MODES = ("blocks", "text", "none")
 BESIDE_SPARE = 16     # tokens the passages beside leave free (their lead, tokens merging at the seams)
+PASSAGES_ROOM = 2048  # tokens for the passages of documents not read, beside whole read ones (six of ~200)
 
 
 class AskError(Exception):
@@ -160,20 +162,12 @@ class ReadingProgress:
         text = f"reading {self.title}{which}: {done:,} of {total:,} tokens"
         rate = (done - (self.first_done or 0)) / elapsed if elapsed > 0 else 0.0
         if 0 < done < total and rate > 0:
-            text += f", {_duration((total - done) / rate)} left"
+            text += f", {duration((total - done) / rate)} left"
         return text
 
 
 def _titles(titles) -> str:
     return "; ".join(titles[:3]) + (f" and {len(titles) - 3} more" if len(titles) > 3 else "")
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 3600:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], params: SamplingParams,
@@ -195,15 +189,11 @@ def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], pa
     caches = caches or DocCaches(store, store_cache_dir(store))
     job = _Job(store, backend, question, params, model_name, on_text, on_stats, cancel, progress, caches, options,
                save, conversation)
-    if options.source == FROM_PASSAGES:
-        return job.from_passages(doc_ids)
-    if options.source == AUTO:
-        unread = job.unread(doc_ids)
-        if unread:
-            return job.from_passages(doc_ids, unread)
-    if len(doc_ids) > 1 and backend.capabilities.composes:
-        return job.across(doc_ids, memory_budget)
-    return job.in_one_context(doc_ids)
+    with caches.holding(backend, doc_ids):    # no cache budget deletes what this question reads
+        result = job.run(doc_ids, memory_budget)
+    opened = {c["doc"] for c in result.citations} | (set(doc_ids) if len(doc_ids) == 1 else set())
+    store.mark_opened(sorted(opened))      # what a person asked about is read ahead first (qa/reading.py)
+    return result
 
 
 @dataclass
@@ -225,6 +215,21 @@ class _Job:
     conversation: Conversation | None = None
     t_start: float = field(default_factory=time.perf_counter)
     left_out: int = 0         # earlier turns of the conversation this question leaves out (``turns``)
+
+    def run(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
+        options = self.options
+        if options.source == FROM_PASSAGES:
+            return self.from_passages(doc_ids)
+        if options.source == AUTO:
+            unread = self.unread(doc_ids)
+            if unread:
+                whole = self.read_among_best(doc_ids)
+                if whole:
+                    return self.across(whole, memory_budget, [d for d in doc_ids if d not in whole], unread)
+                return self.from_passages(doc_ids, unread)
+        if len(doc_ids) > 1 and self.backend.capabilities.composes:
+            return self.across(doc_ids, memory_budget)
+        return self.in_one_context(doc_ids)
 
     @property
     def query(self) -> str:
@@ -248,8 +253,9 @@ class _Job:
     def unread(self, doc_ids: list[int]) -> list[str]:
         """The titles of the documents an answer from the whole of them would have to read first:
         neither held by the backend (memory or cache file) nor short enough to read at once
-        (READ_AT_ONCE), and whose whole text fits the context (one that does not is answered
-        from its most relevant pages, qa/pages.py, which reading would not change). None on a
+        (READ_AT_ONCE), and, asked alone, whose whole text fits the context (one that does not is
+        answered from its most relevant pages, qa/pages.py, which reading would not change; among
+        several, one that does not fit gives passages, Session.question_tokens). None on a
         backend that keeps no prefix files (llama.cpp, Gemma 3's dense cache): nothing read stays
         read there, so every question reads its documents, as it always has."""
         if not self.backend.capabilities.prefix_files:
@@ -262,13 +268,47 @@ class _Job:
             if not pages:
                 continue
             prefix = build_prompt(self.backend, "", format_pages(pages)).prefix
-            if len(prefix) <= READ_AT_ONCE or len(prefix) + reserve >= self.backend.n_ctx:
+            if len(prefix) <= READ_AT_ONCE or (len(doc_ids) == 1 and len(prefix) + reserve >= self.backend.n_ctx):
                 continue
             if self.backend.cached_tokens(0, len(prefix)) == prefix or self.caches.registered(self.backend, doc_id,
                                                                                              prefix):
                 continue
             unread.append(pages[0].title)
         return unread
+
+    def read_among_best(self, doc_ids: list[int]) -> list[int]:
+        """Several documents, some not read: those of the documents the best passages come from
+        that are read (their cache in memory or in its file), best first, as many as fit the
+        context beside the other documents' passages. A question across a folder of hundreds then
+        reads whole the documents that matter and are ready, and passages of the rest, at once."""
+        backend = self.backend
+        if len(doc_ids) < 2 or not backend.capabilities.composes:
+            return []
+        ranked = list(dict.fromkeys(p.doc_id for p in best_passages(self.store, doc_ids, self.query,
+                                                                     self.options.passages)))
+        room = backend.n_ctx - self.params.max_tokens - PASSAGES_ROOM - BESIDE_ROOM - across.ROOM
+        count = token_counter(backend)
+        whole = []
+        for doc_id in ranked:
+            pages = load_pages(self.store, [doc_id], count)
+            prefix = build_prompt(backend, "", format_pages(pages)).prefix if pages else []
+            if not prefix or len(prefix) > room:
+                continue
+            if backend.cached_tokens(0, len(prefix)) == prefix or self.caches.registered(backend, doc_id, prefix):
+                whole.append(doc_id)
+                room -= len(prefix)
+        return whole
+
+    def passages_of(self, doc_ids: list[int], room: int) -> tuple[str, list[PageText]]:
+        """The passages of ``doc_ids`` that retrieval ranks best, as pages with markers within
+        ``room`` tokens (to lie beside the question after whole documents), and those pages."""
+        if not doc_ids or room <= 0:
+            return "", []
+        count = token_counter(self.backend)
+        passages = best_passages(self.store, doc_ids, self.query, self.options.passages)
+        laid_out = lambda pages: count(BESIDE_LEAD + format_pages(pages))  # noqa: E731
+        pages = fitted(passage_pages(passages, count, doc_ids), room, passages, laid_out)
+        return format_pages(pages), pages
 
     def from_passages(self, doc_ids: list[int], unread: list[str] = ()) -> Answer:
         """The passages retrieval ranks best, in one short prompt: an answer in seconds, before
@@ -323,12 +363,9 @@ class _Job:
     def beside_text(self, doc_ids: list[int], room: int) -> str:
         """With "text": the best passages as pages with markers, within ``room`` tokens, to be
         shown again after whole documents ("" otherwise, or when nothing matches)."""
-        if self.beside_mode != "text" or room <= 0:
+        if self.beside_mode != "text":
             return ""
-        count = token_counter(self.backend)
-        passages = best_passages(self.store, doc_ids, self.query, self.options.passages)
-        laid_out = lambda pages: count(BESIDE_LEAD + format_pages(pages))  # noqa: E731
-        return format_pages(fitted(passage_pages(passages, count, doc_ids), room, passages, laid_out))
+        return self.passages_of(doc_ids, room)[0]
 
     def in_one_context(self, doc_ids: list[int]) -> Answer:
         """The documents' pages in one prompt: whole when they fit, else the most relevant."""
@@ -379,8 +416,11 @@ class _Job:
         timings = stream.timings(kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         return self._finish(text, stream, timings, plan, list(doc_ids), layout)
 
-    def across(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
-        """Several documents' prefix caches side by side, the question read across all of them."""
+    def across(self, doc_ids: list[int], memory_budget: int | None, others: list[int] = (),
+               unread: list[str] = ()) -> Answer:
+        """Several documents' prefix caches side by side, the question read across all of them;
+        with ``others`` (documents not read, ``unread`` their titles), their best passages too,
+        beside the question."""
         backend = self.backend
         parts = across.document_parts(self.store, backend, self.question, doc_ids)
         if not parts:
@@ -392,8 +432,15 @@ class _Job:
         stream = AnswerStream(backend, self.params, self.cancel, self.on_text, self.on_stats, self.t_start)
         first = considered[0].prompt
         composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
+        extra = self.passages_of(list(others), PASSAGES_ROOM)
+        if others:
+            whole = _titles([p.title for p in considered])
+            note = (f"Read whole: {whole}; from the other {len(others)}, their best passages"
+                    + (f" ({_titles(unread)} {'is' if len(unread) == 1 else 'are'} not read yet; once read, "
+                       f"questions see the whole text)." if unread else ".") + (f" {note}" if note else ""))
         if self.conversation is not None and self.conversation.continues(backend, composed):
-            return self._across_answer(considered, composed, parts, note, stream, ["hit"], 0.0, continuing=True)
+            return self._across_answer(considered, composed, parts, note, stream, ["hit"], 0.0, continuing=True,
+                                       extra=extra)
         statuses = []
         for i, p in enumerate(considered):
             if self.caches.registered(backend, p.doc_id, p.prefix) is not None:
@@ -408,17 +455,20 @@ class _Job:
         t_compose = time.perf_counter()
         try:
             offsets = across.compose(backend, self.caches, considered, stream.stop_now,
-                                     room=0 if self.options.beside == "none" else BESIDE_ROOM)
+                                     room=(0 if self.options.beside == "none" else BESIDE_ROOM)
+                                     + (PASSAGES_ROOM if extra[0] else 0))
         except across.ComposeError as e:
             raise AskError(str(e)) from e
         compose_s = time.perf_counter() - t_compose
-        return self._across_answer(considered, composed, parts, note, stream, statuses, compose_s, offsets)
+        return self._across_answer(considered, composed, parts, note, stream, statuses, compose_s, offsets,
+                                   extra=extra)
 
     def _across_answer(self, considered: list, composed: list[int], parts: list, note: str, stream: AnswerStream,
                        statuses: list[str], compose_s: float, offsets: list[int] | None = None,
-                       continuing: bool = False) -> Answer:
+                       continuing: bool = False, extra: tuple[str, list[PageText]] = ("", [])) -> Answer:
         """The question read across the documents' caches laid side by side, ``composed`` (or,
-        ``continuing`` a conversation, still there from its last turn)."""
+        ``continuing`` a conversation, still there from its last turn); ``extra``: passages of
+        other documents (as text, and their pages) to lay beside the question."""
         backend = self.backend
         first = considered[0].prompt
         if offsets is None:          # where compose laid each document: the first after the header
@@ -432,8 +482,11 @@ class _Job:
         layout = PromptLayout(backend, segments)
         self._focus(layout)
         suffix = first.suffix
-        room = self.beside_room(backend.n_ctx - len(composed) - len(suffix) - self.params.max_tokens - BESIDE_SPARE)
+        others = "" if continuing else extra[0]           # the passages of documents not read, laid first
+        room = self.beside_room(backend.n_ctx - len(composed) - len(suffix) - self.params.max_tokens - BESIDE_SPARE
+                                - (token_counter(backend)(others) if others else 0))
         beside = "" if continuing else self.beside_text([p.doc_id for p in considered], room)
+        beside = "\n\n".join(t for t in (beside, others) if t)
         if beside:
             suffix = question_suffix(backend, self.question, beside)
         base = (self.conversation.held[:self.conversation.base] if continuing
@@ -441,11 +494,12 @@ class _Job:
         text = stream.run(base + self.turns(stream, base, suffix, beside, continuing), len(base))
         timings = stream.timings(kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
                                 compose_s=round(compose_s, 4))
-        pages = [pg for p in considered for pg in p.pages]
+        pages = [pg for p in considered for pg in p.pages] + extra[1]
         plan = ContextPlan(pages=pages, doc_tokens=sum(len(p.prefix) for p in parts),
                            used_tokens=sum(len(p.prefix) for p in considered), budget=backend.n_ctx,
                            total_pages=len(pages))
-        result = self._finish(text, stream, timings, plan, [p.doc_id for p in considered], layout, keep=False)
+        asked = [p.doc_id for p in considered] + [d for d in dict.fromkeys(pg.doc_id for pg in extra[1])]
+        result = self._finish(text, stream, timings, plan, asked, layout, keep=False)
         result.considered = [{"doc": p.doc_id, "title": p.title} for p in considered]
         result.note = note
         self._save(result)

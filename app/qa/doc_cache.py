@@ -7,20 +7,25 @@ backend on the next question, which maps it back (the prefix-cache part of the b
 protocol, app/engine/backend.py). The file's key hashes the model,
 the cache settings and the exact prefix tokens, so a changed document, model or KV setting
 simply finds no file and computes a new one (the older file of that document is deleted).
-A file that fails its checks is deleted and rebuilt, never used.
+A file that fails its checks is deleted and rebuilt, never used. The files keep within the disk
+budget (qa/cache_budget.py): room is made before one is written, and a cache larger than the
+whole budget stays in memory only.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from app.engine.backend import Backend, CacheFile
 from app.engine.model.gguf_file import model_fingerprint
+from app.qa.cache_budget import FILE_OVERHEAD, CacheBudget, Room, holding
+from app.settings import Settings
 from app.store import Store
 
 log = logging.getLogger(__name__)
@@ -42,21 +47,57 @@ def store_cache_dir(store: Store) -> Path:
 class DocCaches:
     """The KV cache files of one data directory, registered in the store (``kv_caches``)."""
 
-    def __init__(self, store: Store, cache_dir: Path):
+    def __init__(self, store: Store, cache_dir: Path, settings: Settings | None = None):
         self.store = store
         self.dir = Path(cache_dir) / KV_SUBDIR
+        self.budget = CacheBudget(store, self.dir, settings)
+        self.kept: set[int] = set()     # documents a question is about now: room is never made from them
+
+    @contextmanager
+    def holding(self, backend: Backend, doc_ids: Iterable[int]) -> Iterator[None]:
+        """The documents' cache files for ``backend``'s model held in use until the block ends:
+        the budget deletes none of them, nor (in this process) a cache made for them meanwhile."""
+        doc_ids = set(doc_ids)
+        fp = model_fingerprint(backend.model_path)
+        before, self.kept = self.kept, self.kept | doc_ids
+        try:
+            with holding(r["path"] for d in doc_ids for r in self.store.kv_caches(d) if r["model"] == fp):
+                yield
+        finally:
+            self.kept = before
+
+    def room(self, backend: Backend, doc_id: int, tokens: Sequence[int], ahead: bool = False,
+             opened: bool = True) -> Room:
+        """Whether ``doc_id``'s prefix cache may be written, least recently used caches deleted to
+        make room (``ahead``: reading ahead, CacheBudget.make_room)."""
+        need = len(tokens) * backend.kv_bytes_per_token() + FILE_OVERHEAD
+        return self.budget.make_room(need, keep={doc_id} | self.kept, ahead=ahead, opened=opened)
+
+    def touch(self, doc_id: int, file: CacheFile) -> None:
+        """A registered cache was used: the last the budget deletes."""
+        self.store.touch_kv_cache(doc_id, file.meta["key"])
 
     def prepare(self, backend: Backend, doc_id: int | None, tokens: Sequence[int],
                 cancel: Callable[[], bool] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> str | None:
+                progress: Callable[[int, int], None] | None = None, ahead: bool = False,
+                opened: bool = True) -> str | None:
         """Make ``backend`` hold the prefix ``tokens``; "hit" if it was in memory or on disk,
         "miss" if computed now (and then saved, for a single document on a backend that keeps
-        prefix files), None if cancelled. Backends that keep no prefix (llama.cpp) answer "miss":
-        they prefill it with the question. ``progress(done, total)``: tokens computed so far."""
+        prefix files, when the cache budget has room: else it stays in memory only and the
+        document says so), None if cancelled. Backends that keep no prefix (llama.cpp) answer
+        "miss": they prefill it with the question. ``progress(done, total)``: tokens computed so far."""
         if doc_id is None or not backend.capabilities.prefix_files:
             result = backend.ensure_prefix(tokens, None, cancel, progress)
             return None if result is None else result.status
         file, key, model_fp, signature = self.locate(backend, doc_id, tokens)
+        if not file.exists and backend.cached_tokens(0, len(tokens)) != list(tokens):
+            room = self.room(backend, doc_id, tokens, ahead, opened)
+            if not room.ok:
+                log.info("document %s: %s", doc_id, room.note)
+                if room.too_large:      # for as long as the budget stays: the document says so
+                    self.store.set_cache_note(doc_id, room.note)
+                result = backend.ensure_prefix(tokens, None, cancel, progress)
+                return None if result is None else result.status
         result = backend.ensure_prefix(tokens, file, cancel, progress)
         if result is None:
             return None
@@ -64,8 +105,8 @@ class DocCaches:
             log.warning("rebuilding the KV cache of document %s: %s", doc_id, result.rejected)
         if result.save_error:   # a full disk must not fail the question
             log.warning("could not save the KV cache of document %s: %s", doc_id, result.save_error)
-        if result.source == "file":
-            self.store.touch_kv_cache(doc_id, key)
+        if result.source in ("file", "memory") and file.exists:
+            self.touch(doc_id, file)
         elif result.saved_bytes:
             for old in self.store.add_kv_cache(doc_id, key, str(file.path), model_fp, signature["kv"],
                                                len(tokens), result.saved_bytes):

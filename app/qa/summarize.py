@@ -100,6 +100,8 @@ def summarize(store: Store, backend, doc_id: int, params: SamplingParams, model_
     doc = store.document(doc_id)
     if doc is None:
         raise SummaryError(f"no document with id {doc_id}")
+    if save:
+        store.mark_opened([doc_id])     # reading ahead takes what a person summarized first (qa/reading.py)
     key = summary_key(doc, backend, params)
     stored = None if again else store.summary_for(doc_id, key)
     if stored is not None:

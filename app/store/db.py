@@ -38,8 +38,8 @@ def thread_title(question: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[:TITLE_CHARS - 1].rstrip() + "\u2026"
 
 
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+def now(timespec: str = "seconds") -> str:
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
 
 
 def fts_query(text: str, max_terms: int = 64) -> str:
@@ -350,7 +350,7 @@ class Store:
                      nbytes: int) -> list[str]:
         """Register a cache file for ``doc_id``; older files of the same document and model
         are dropped from the registry and their paths returned (the caller deletes them)."""
-        stamp = now()
+        stamp = now("microseconds")   # the order of use decides which cache goes first (qa/cache_budget.py)
         with self.transaction():
             old = self.query("SELECT path FROM kv_caches WHERE doc_id = ? AND model = ? AND kv = ? "
                              "AND cache_key != ?", [doc_id, model, kv, cache_key])
@@ -360,12 +360,38 @@ class Store:
                 "INSERT OR REPLACE INTO kv_caches (doc_id, cache_key, path, model, kv, tokens, bytes, created_at, "
                 "used_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [doc_id, cache_key, path, model, kv, tokens, nbytes, stamp, stamp])
+            self.conn.execute("UPDATE documents SET cache_note = NULL WHERE id = ?", [doc_id])
         return [r["path"] for r in old]
+
+    def kv_caches_by_use(self) -> list[dict]:
+        """Every registered cache with its document's title, least recently used first."""
+        return self.query("SELECT k.*, d.title AS title, d.path AS doc_path, d.opened_at AS opened_at "
+                          "FROM kv_caches k JOIN documents d ON d.id = k.doc_id "
+                          "ORDER BY k.used_at, k.created_at, k.doc_id")
+
+    def kv_cache_bytes(self) -> int:
+        return int(self.query("SELECT COALESCE(SUM(bytes), 0) AS n FROM kv_caches")[0]["n"])
+
+    def set_cache_note(self, doc_id: int, note: str | None) -> None:
+        """Why ``doc_id``'s cache is not on disk (None: it is, or it was never read)."""
+        with self.transaction():
+            self.conn.execute("UPDATE documents SET cache_note = ? WHERE id = ?", [note or None, doc_id])
+
+    def clear_cache_notes(self) -> None:
+        """The budget changed: no document's cache is known to be too large for it any more."""
+        with self.transaction():
+            self.conn.execute("UPDATE documents SET cache_note = NULL WHERE cache_note IS NOT NULL")
+
+    def mark_opened(self, doc_ids: Iterable[int]) -> None:
+        """A person opened, asked about or summarized these documents (reading ahead takes them first)."""
+        stamp = now()
+        with self.transaction():
+            self.conn.executemany("UPDATE documents SET opened_at = ? WHERE id = ?", [(stamp, d) for d in doc_ids])
 
     def touch_kv_cache(self, doc_id: int, cache_key: str) -> None:
         with self.transaction():
             self.conn.execute("UPDATE kv_caches SET used_at = ? WHERE doc_id = ? AND cache_key = ?",
-                              [now(), doc_id, cache_key])
+                              [now("microseconds"), doc_id, cache_key])
 
     def remove_kv_cache(self, doc_id: int, cache_key: str) -> None:
         with self.transaction():

@@ -265,6 +265,19 @@ def _v9_threads(conn: sqlite3.Connection) -> None:
     )
 
 
+def _v10_cache_budget(conn: sqlite3.Connection) -> None:
+    """Libraries within a disk budget: when a person last opened, asked about or summarized a
+    document (``opened_at``: reading ahead takes those first), and why a document's cache is
+    not on disk (``cache_note``: larger than the whole cache budget, kept in memory only)."""
+    _script(conn,
+        """
+        ALTER TABLE documents ADD COLUMN opened_at TEXT;
+        ALTER TABLE documents ADD COLUMN cache_note TEXT;
+        CREATE INDEX kv_caches_by_use ON kv_caches(used_at);
+        """
+    )
+
+
 # Index i holds the upgrade from version i to i + 1. Never edit a released entry: append.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_documents,
@@ -276,6 +289,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v7_page_sources,
     _v8_token_counts,
     _v9_threads,
+    _v10_cache_budget,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -20,7 +20,7 @@ ALL_FOLDERS = "All folders"
 PAGES_WIDTH = 48
 TOKENS_WIDTH = 58   # "61.2K", "1.23M"
 STATUS_WIDTH = 68
-READ_WIDTH = 66
+READ_WIDTH = 76     # "read, 931 MiB" (its cache on disk), "not read (#3)" (reading ahead's order)
 WATCH_DELAY_MS = 1500  # editors write a file in several steps; wait for the last one
 MAX_WATCHED_FILES = 4000  # inotify watches are a per-user budget; past this, folders only (Rescan finds edits)
 
@@ -92,6 +92,10 @@ class LibraryPane(QWidget):
         self.details = info_label("", "details")
         self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
         layout.addWidget(self.details)
+        self.cache_total = info_label("", "cacheTotal")
+        self.cache_total.setToolTip("The documents' KV caches on disk against their budget (Settings; `ellm cache`): "
+                                    "past it, the least recently used are deleted first")
+        layout.addWidget(self.cache_total)
 
         self.progress = QProgressBar()
         self.progress.setVisible(False)
@@ -142,7 +146,7 @@ class LibraryPane(QWidget):
             tokens = int(d["tokens"] or 0)
             values = (title, str(d["pages"]), short_count(tokens), status, d.get("read", ""))
             details = (status if d["error"] else "", f"{d['pages']} pages", f"{tokens:,} tokens", status,
-                       d.get("read", ""))
+                       read_tip(d))
             for c, v in enumerate(values):
                 item = QTableWidgetItem(v)
                 item.setData(Qt.UserRole, d["id"])
@@ -162,7 +166,8 @@ class LibraryPane(QWidget):
             self._show_details()
 
     def set_read_state(self, doc_id: int, state: str) -> None:
-        """A document's reading state ("not read", "reading 42 %, 3 min left", "read")."""
+        """A document's reading state ("not read (#3)", "reading 42 %, 3 min left", "read, 931 MiB",
+        "in memory only")."""
         doc = next((d for d in self.docs if d["id"] == doc_id), None)
         if doc is not None:
             doc["read"] = state
@@ -170,7 +175,11 @@ class LibraryPane(QWidget):
             item = self.table.item(r, READ_COLUMN)
             if item is not None and item.data(Qt.UserRole) == doc_id:
                 item.setText(state)
-                item.setToolTip(row_tip(doc, state) if doc is not None else state)
+                item.setToolTip(row_tip(doc, read_tip(doc)) if doc is not None else state)
+
+    def set_cache_total(self, text: str) -> None:
+        """The caches on disk against their budget ("Caches: 2.1 GiB of 32 GiB")."""
+        self.cache_total.setText(text)
 
     def selected_ids(self) -> list[int]:
         rows = sorted({i.row() for i in self.table.selectedItems()})
@@ -250,6 +259,18 @@ class LibraryPane(QWidget):
     def _selection_changed(self) -> None:
         self._show_details()
         self.sig_selection_changed.emit(self.selected_ids())
+
+
+def read_tip(doc: dict) -> str:
+    """The Read column's whole story: the state, what the cache takes, why it stays in memory."""
+    state = doc.get("read", "")
+    if state.startswith("read, "):
+        return f"read; its KV cache takes {state[6:]} on disk"
+    if state.startswith("not read (#"):
+        return f"not read yet: {state[10:-1]} in reading ahead's order"
+    if doc.get("cache_note") and state.startswith("in memory"):
+        return doc["cache_note"]
+    return state
 
 
 def row_tip(doc: dict, detail: str = "") -> str:

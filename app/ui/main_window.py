@@ -12,9 +12,12 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, 
 
 from app.qa import history
 from app.qa.conversation import Conversation
+from app.qa.cache_budget import CacheBudget, format_size
 from app.qa.history import PastAnswer
-from app.qa.targets import AskTarget, resolve, scope_note
+from app.qa.reading import MEMORY_ONLY, NOT_READ, READ
+from app.qa.targets import SELECTED, AskTarget, resolve, scope_note
 from app.session import Session, SessionError
+from app.settings import AUTO_BUDGET
 from app.store.threads import create_thread
 from app.ui.api_switch import ApiSwitch
 from app.ui.ask_pane import AskPane
@@ -81,7 +84,7 @@ class MainWindow(ConversationsMixin, QMainWindow):
         self.read_ahead = read_ahead
         self.summary_pane.reader = self.reader
         self._build_actions()
-        self.reader.sig_state.connect(self.library.set_read_state)
+        self.reader.sig_state.connect(self.read_state)
 
         self.library.sig_selection_changed.connect(self.selection_changed)
         self.library.folder_filter.currentIndexChanged.connect(self.view_changed)
@@ -148,13 +151,43 @@ class MainWindow(ConversationsMixin, QMainWindow):
         folders = self.session.store.folders()
         self.docs = self.session.store.documents()
         states = self.reader.states()
+        queue = {doc_id: n for n, doc_id in enumerate(self.reader.queue(), 1)}
+        sizes = {}
+        for row in self.session.store.kv_caches():
+            sizes[row["doc_id"]] = sizes.get(row["doc_id"], 0) + row["bytes"]
         for d in self.docs:
             d["read"] = states.get(d["id"], "")
+            d["read"] = self.read_label(d["read"], sizes.get(d["id"], 0), queue.get(d["id"]))
         self.library.set_folders(folders)
         self.library.set_documents(self.docs)
+        self.library.set_cache_total(self.cache_total())
         self.update_target()
         if watch:
             self.watcher.watch(folders)
+
+    @staticmethod
+    def read_label(state: str, cache_bytes: int, place: int | None) -> str:
+        """What the library's Read column says: a read document with its cache's size on disk,
+        one not read yet with its place in reading ahead's order."""
+        if state == READ and cache_bytes:
+            return f"{READ}, {format_size(cache_bytes)}"
+        if state == NOT_READ and place is not None:
+            return f"{NOT_READ} (#{place})"
+        return state
+
+    def read_state(self, doc_id: int, state: str) -> None:
+        """Reading ahead's news of a document: its state, and once read its cache's size."""
+        size = sum(r["bytes"] for r in self.session.store.kv_caches(doc_id)) if state == READ else 0
+        self.library.set_read_state(doc_id, self.read_label(state, size, None))
+        if state in (READ, MEMORY_ONLY):
+            self.library.set_cache_total(self.cache_total())
+
+    def cache_total(self) -> str:
+        """The document caches on disk against their budget, for the library's footer."""
+        budget = CacheBudget(self.session.store, self.session.paths.cache_dir)
+        total = budget.total()
+        return f"Caches: {format_size(total)} of {format_size(budget.budget)}" + (
+            " (automatic)" if budget.settings.cache_budget == AUTO_BUDGET else "")
 
     def titles(self) -> dict[int, str]:
         return {d["id"]: d["title"] or os.path.basename(d["path"]) for d in self.docs}
@@ -196,7 +229,8 @@ class MainWindow(ConversationsMixin, QMainWindow):
         def work(ctl: JobControl):
             count = session.token_counter()
             return ingest(session.store, paths, count,
-                          progress=lambda e: ctl.progress(e.index, e.total, e.line()), cancel=ctl.cancelled)
+                          progress=lambda e: ctl.progress(e.index, e.total, e.line() + (f" · {e.left}" if e.left else "")),
+                          cancel=ctl.cancelled)
 
         job = Job(work)
         job.signals.sig_progress.connect(self._ingest_progress)
@@ -241,6 +275,8 @@ class MainWindow(ConversationsMixin, QMainWindow):
         current = self.library.current_id()
         first = self.document(current) if current is not None else None
         if first is None or self.viewer.doc_id != first["id"]:
+            if first is not None:
+                self.session.store.mark_opened([first["id"]])   # read ahead first (qa/reading.py)
             self.viewer.show_document(first)
         if self.summary_pane.doc is None or first is None or self.summary_pane.doc["id"] != first["id"]:
             self.summary_pane.set_document(first)
@@ -272,12 +308,13 @@ class MainWindow(ConversationsMixin, QMainWindow):
         else:
             conv = self.conversation(summary)
 
-        self.reader.prefer(ids)    # a document not read yet is answered from passages: read it next
+        if target.kind == SELECTED:      # a document not read yet is answered from passages: read it next
+            self.reader.prefer(ids)      # (across a folder: those the answer cites, qa/reading.py)
         self.reader.suspend()      # the engine answers first; reading carries on afterwards
 
         def work(ctl: JobControl):
             with session.engine_lock:
-                return answer(session.store, session.backend(session.doc_tokens(ids)), question, ids,
+                return answer(session.store, session.backend(session.question_tokens(ids)), question, ids,
                               session.sampling(), model_name=session.model_path.name, on_text=ctl.text,
                               on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
                               cancel=ctl.cancelled, progress=ctl.progress, conversation=conv)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QThreadPool, Signal
 
-from app.qa.reading import NOT_READ, READ, read_document, read_states
+from app.qa.reading import MEMORY_ONLY, NOT_READ, READ, STOPPED, read_document, read_states, reading_order
 from app.ui.workers import Job, JobControl, start
 
 
@@ -39,6 +39,13 @@ class ReadAhead(QObject):
         except Exception:   # no model yet: nothing is read
             return {}
 
+    def queue(self) -> list[int]:
+        """The documents still to read, in the order reading ahead takes them (qa/reading.py)."""
+        states = self.states()
+        docs = [d for d in self.session.store.documents()
+                if states.get(d["id"]) == NOT_READ and d["status"] == "ingested" and d["pages"] > 0]
+        return [d["id"] for d in reading_order(docs, self.preferred)]
+
     def start(self) -> Job | None:
         """Read the documents not read yet (nothing when paused, suspended or already reading)."""
         if self.paused or self.suspended or self.job is not None:
@@ -48,8 +55,7 @@ class ReadAhead(QObject):
                 return None   # llama.cpp or gemma3's dense cache: nothing would persist
         except Exception:
             return None
-        todo = [doc_id for doc_id, state in self.states().items() if state == NOT_READ and self._readable(doc_id)]
-        todo.sort(key=lambda d: self.preferred.index(d) if d in self.preferred else len(self.preferred))
+        todo = self.queue()
         if not todo:
             return None
         session = self.session
@@ -66,9 +72,11 @@ class ReadAhead(QObject):
                     backend = session.backend(session.doc_tokens([doc_id]))
                     result = read_document(session.store, backend, doc_id, caches, cancel=ctl.cancelled,
                                            progress=lambda d, t, line, doc=doc_id: ctl.progress(d, t, f"{doc}\t{line}"),
-                                           nth=i + 1, of=len(todo))
+                                           nth=i + 1, of=len(todo), ahead=True)
                 done.append(result)
                 ctl.progress(1, 1, f"{doc_id}\t{result.status}")
+                if result.status == STOPPED:     # its share of the cache budget is full
+                    break
             return done
 
         job = Job(work)
@@ -106,10 +114,6 @@ class ReadAhead(QObject):
 
     # ---- Internals ---------------------------------------------------------
 
-    def _readable(self, doc_id: int) -> bool:
-        doc = self.session.store.document(doc_id)
-        return bool(doc) and doc["status"] == "ingested" and doc["pages"] > 0
-
     def _stop(self) -> None:
         if self.job is not None:
             self.job.cancel()
@@ -121,6 +125,9 @@ class ReadAhead(QObject):
         self._doc = int(doc)
         if line in (READ, "already read"):
             self.sig_state.emit(self._doc, READ)
+            self._doc = None
+        elif line in (STOPPED, NOT_READ, "kept in memory"):   # NOT_READ: larger than the whole cache budget
+            self.sig_state.emit(self._doc, NOT_READ if line == STOPPED else MEMORY_ONLY)
             self._doc = None
         elif total > 0 and line.startswith("reading"):
             left = line.rsplit(", ", 1)[1] if line.endswith(" left") else ""

@@ -13,7 +13,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.runtime.auto import AUTO, SMALL_KV
-from app.settings import ATTENTION, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
+from app.qa.cache_budget import CacheBudget, format_size
+from app.settings import ATTENTION, AUTO_BUDGET, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
 from app.ui.widgets import info_label
 from app.ui.workers import Job, start
 
@@ -225,6 +226,26 @@ class SettingsDialog(QDialog):
         form.addRow("NUMA policy", self.numa)
         layout.addWidget(machine)
 
+        disk = QGroupBox("Document caches")
+        form = QFormLayout(disk)
+        self.cache_budget = self._double(-1.0, 1 << 20, 1.0, "Disk for the documents' KV caches: past it, the "
+                                         "least recently used are deleted first; a cache larger than the whole "
+                                         "budget stays in memory only. 0 keeps none on disk")
+        self.cache_budget.setObjectName("cacheBudget")
+        self.cache_budget.setDecimals(1)
+        self.cache_budget.setSuffix(" GiB")
+        budget = CacheBudget(self.session.store, self.session.paths.cache_dir, Settings())   # the automatic one
+        self.cache_budget.setSpecialValueText(f"automatic ({format_size(budget.budget)}: a share of the disk)")
+        self.read_ahead_share = QSpinBox()
+        self.read_ahead_share.setObjectName("readAheadShare")
+        self.read_ahead_share.setRange(0, 100)
+        self.read_ahead_share.setSuffix(" % of the budget")
+        self.read_ahead_share.setToolTip("Reading ahead stops here for documents nobody opened, asked about or "
+                                         "summarized, so it never pushes out the caches of those a person used")
+        form.addRow("Cache budget", self.cache_budget)
+        form.addRow("Reading ahead up to", self.read_ahead_share)
+        layout.addWidget(disk)
+
         api_box = QGroupBox("Local API server")
         form = QFormLayout(api_box)
         self.api_server = QCheckBox("Serve a local OpenAI-compatible API")
@@ -284,6 +305,8 @@ class SettingsDialog(QDialog):
         self.numa.setCurrentIndex(max(self.numa.findData(s.numa), 0))
         self.api_server.setChecked(s.api_server)
         self.api_port.setValue(s.api_port)
+        self.cache_budget.setValue(-1.0 if s.cache_budget == AUTO_BUDGET else s.cache_budget / (1 << 30))
+        self.read_ahead_share.setValue(round(s.read_ahead_share * 100))
         self._api_changed()
         self.error.setVisible(False)
 
@@ -295,7 +318,10 @@ class SettingsDialog(QDialog):
                        repeat_penalty=round(self.repeat_penalty.value(), 4), max_tokens=self.max_tokens.value(),
                        seed=self.seed.value(), threads=self.threads.value(), numa=self.numa.currentData(),
                        kv=self.kv.currentData(), attention=self.attention.currentData(),
-                       api_server=self.api_server.isChecked(), api_port=self.api_port.value())
+                       api_server=self.api_server.isChecked(), api_port=self.api_port.value(),
+                       cache_budget=(AUTO_BUDGET if self.cache_budget.value() < 0
+                                     else round(self.cache_budget.value() * (1 << 30))),
+                       read_ahead_share=self.read_ahead_share.value() / 100)
         if changes["n_ctx"] and changes["max_tokens"] >= changes["n_ctx"]:
             raise ValueError(f"the longest answer ({changes['max_tokens']} tokens) must be shorter than the "
                              f"context length ({changes['n_ctx']} tokens)")
@@ -342,6 +368,9 @@ class SettingsDialog(QDialog):
             self.session.save_settings(s)
         except Exception as e:  # the store is locked or read-only: say so, keep the dialog open
             return self._fail(f"cannot save the settings ({e})")
+        if s.cache_budget != self._base.cache_budget:     # a smaller budget applies at once
+            self.session.store.clear_cache_notes()
+            CacheBudget(self.session.store, self.session.paths.cache_dir, s).prune()
         self.accept()
         return True
 

@@ -8,7 +8,8 @@ import pytest
 from app.runtime import engines as backends
 from app.runtime.auto import AUTO_KV
 from app.settings import Paths
-from app.qa.answer import answer
+from app.qa.across import ROOM
+from app.qa.answer import PASSAGES_ROOM, answer
 from app.session import Session
 from tests.docs.make_samples import make_pdf
 
@@ -157,3 +158,46 @@ def test_the_automatic_context_counts_documents_by_the_asked_models_tokenizer(tm
     n = len(calls)
     assert s.doc_tokens([doc["id"]]) == chars + 2 * 8 and len(calls) == n   # kept, not counted again
     assert s.chosen(s.doc_tokens([doc["id"]])).wanted >= chars
+
+
+def test_a_folder_with_some_documents_read_reads_those_whole_and_the_others_passages(tmp_path, cli, data_dir):
+    """The defaults, one long document read and another not: `ellm ask --folder` answers at once,
+    the read one whole (its cache from `ellm read`, the context sized for it) and the best passages
+    of the unread one beside the question, and says so."""
+    folder = tmp_path / "two"
+    folder.mkdir()
+    make_pdf(folder / "harbour.pdf", [FILLER * 2] * 6, title="Harbour")                  # ~1,000 tokens: read
+    log = [FILLER * 3] * 12
+    log[7] = FILLER[:200] + FACT + FILLER[200:]
+    make_pdf(folder / "log.pdf", log, title="Harbour Log")                               # past READ_AT_ONCE
+    assert cli("ingest", str(folder))[0] == 0
+    backends._cache.clear()
+    try:
+        rc, rows, _ = cli("--json", "read", "harbour.pdf", "--engine", "ellm", json_out=True)
+        assert rc == 0 and rows[0]["status"] == "read"
+        backends._cache.clear()                                          # a new process
+        rc, a, _ = cli("--json", "ask", "What is the secret password of the harbour master?", "--folder",
+                       str(folder), "--engine", "ellm", "--greedy", "--max-tokens", "12", json_out=True)
+        assert rc == 0 and a["answered_from"] == "document"
+        assert [c["title"] for c in a["considered"]] == ["Harbour"] and a["timings"]["kv_cache"] == "hit"
+        assert a["note"].startswith("Read whole: Harbour; from the other 1, their best passages (Harbour Log is")
+        s = Session(Paths.resolve(data_dir))          # the context is sized for what it reads: not the log
+        harbour = a["considered"][0]["doc"]
+        assert s.question_tokens(a["documents"]) == s.doc_tokens([harbour]) + PASSAGES_ROOM + ROOM
+        log_id = next(d for d in a["documents"] if d != a["considered"][0]["doc"])
+        assert (log_id, 8) in {(c["doc"], c["page"]) for c in a["citations"]}
+        rc, report, _ = cli("--json", "cache", json_out=True)
+        assert [c["title"] for c in report["caches"]] == ["Harbour"]      # nothing else was read
+    finally:
+        backends._cache.clear()
+
+
+def test_on_a_backend_that_keeps_nothing_read_the_context_holds_every_document(folder, data_dir):
+    """llama.cpp keeps no document read between questions: a question across the folder reads all
+    of it, as before, so its context is sized for all of it."""
+    s = Session(Paths.resolve(data_dir), {"engine": "llamacpp"})
+    ids = _ids(s, folder)
+    assert not s.backend_keeps_files()
+    assert s.question_tokens(ids) == s.doc_tokens(ids) > 0
+    ellm = Session(Paths.resolve(data_dir), {"engine": "ellm"})   # short documents, read at once: all of them too
+    assert ellm.backend_keeps_files() and ellm.question_tokens(ids) == ellm.doc_tokens(ids)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -18,6 +19,9 @@ def test_folder_with_four_good_files_and_a_truncated_pdf(cli, corpus):
     lines = [ln for ln in out.splitlines() if ln.startswith("[")]
     assert len(lines) == 5
     assert sum("ingested (" in ln for ln in lines) == 4
+    # The count of files done, with the time the rest will take (the last file has none left).
+    assert [ln.split("] ")[0] for ln in lines][-1] == "[5/5"
+    assert all(re.fullmatch(r"\[\d/5, \d+ s left", ln.split("] ")[0]) for ln in lines[:-1]), lines
     [failed] = [ln for ln in lines if "failed" in ln]
     assert "broken.pdf: failed: file is truncated or not a valid PDF" in failed
     assert out.strip().endswith("4 ingested, 0 unchanged, 1 failed")

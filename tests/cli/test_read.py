@@ -26,7 +26,8 @@ def library(cli, tmp_path):
 def test_read_all_then_again_then_a_question_starts_from_the_cache(cli, library):
     rc, rows, err = cli("--json", "read", "--all", *ELLM[:2], json_out=True)
     assert rc == 0 and [r["status"] for r in rows] == ["read", "read"]
-    assert set(rows[0]) == {"doc", "title", "status", "tokens", "seconds"} and rows[0]["tokens"] > 300
+    assert [r["title"] for r in rows] == ["Lamp notes", "Harbour log"]        # added together: the smaller first
+    assert set(rows[1]) == {"doc", "title", "status", "tokens", "seconds", "note"} and rows[1]["tokens"] > 300
     rc, again, _ = cli("--json", "read", "harbour.txt", *ELLM[:2], json_out=True)
     assert rc == 0 and [r["status"] for r in again] == ["already read"]
     engines._cache.clear()                                     # a new process: the file is found
@@ -87,3 +88,31 @@ def test_a_document_read_once_is_not_read_again_whatever_the_answer_length(cli, 
         assert answer["answered_from"] == "document" and answer["timings"]["kv_cache"] == "hit"
         assert answer["timings"]["attention"] == "dense"          # read densely, inside the trained context
     assert sorted((data_dir / "cache" / "kv").glob("*.kv")) == kv_files
+
+
+def test_cache_lists_the_caches_against_the_budget_prunes_the_oldest_and_clears(cli, library):
+    assert cli("--json", "read", "--all", *ELLM[:2], json_out=True)[0] == 0
+    rc, report, _ = cli("--json", "read", "harbour.txt", *ELLM[:2], json_out=True)     # harbour used last
+    rc, report, _ = cli("--json", "cache", json_out=True)
+    assert rc == 0 and set(report) >= {"total_bytes", "budget_bytes", "caches"}
+    caches = report["caches"]
+    assert [c["title"] for c in caches] == ["Harbour log", "Lamp notes"]          # most recently used first
+    assert set(caches[0]) == {"doc", "title", "bytes", "used_at", "path"}
+    assert report["total_bytes"] == sum(c["bytes"] for c in caches) > 0 and report["budget_bytes"] > 0
+    # A budget that holds one of them: the least recently used (the lamp notes) goes at once.
+    rc, report, _ = cli("--json", "cache", "--budget", str(caches[0]["bytes"] + 10), json_out=True)
+    assert rc == 0 and report["budget_bytes"] == caches[0]["bytes"] + 10
+    assert [c["title"] for c in report["caches"]] == ["Harbour log"] and report["deleted"][0]["doc"] == caches[1]["doc"]
+    rc, _, err = cli("cache", "--budget", "2 parsecs")
+    assert rc != 0 and "--budget: not a size: '2 parsecs'" in err
+    # A budget of zero: a document read now stays in memory only, and says so.
+    assert cli("cache", "--budget", "0")[0] == 0
+    rc, rows, _ = cli("--json", "read", "lamp.txt", *ELLM[:2], json_out=True)
+    assert rows[0]["status"] == "kept in memory" and "larger than the whole cache budget" in rows[0]["note"]
+    rc, report, _ = cli("--json", "cache", "--budget", "auto", json_out=True)
+    assert report["caches"] == [] and [m["title"] for m in report["memory_only"]] == ["Lamp notes"]
+    assert cli("--json", "read", "--all", *ELLM[:2], json_out=True)[0] == 0
+    rc, report, _ = cli("--json", "cache", "--clear", "harbour.txt", json_out=True)
+    assert [c["title"] for c in report["caches"]] == ["Lamp notes"] and report["memory_only"] == []
+    rc, report, _ = cli("--json", "cache", "--all", json_out=True)
+    assert rc == 0 and report["caches"] == [] and report["total_bytes"] == 0

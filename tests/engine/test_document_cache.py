@@ -86,3 +86,22 @@ def test_passages_beside_the_question_are_copies_of_the_documents_blocks(tiny_mo
     assert all(start < n_doc * block or start >= len(prefix) + len(copied) for start, _, _ in b.attended_blocks(64))
     assert b.ensure_prefix(prefix).status == "hit" and b.cache.n_tokens == len(prefix)
     assert b.beside([(0, block)], room=block - 1) == []                          # no room for a block
+
+
+def test_a_full_disk_while_writing_drops_the_file_and_keeps_the_prefix_in_memory(tiny_model, tmp_path, doc,
+                                                                                 monkeypatch):
+    from app.engine.kv import files as kv_files
+
+    def full(_fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kv_files.os, "fsync", full)
+    model = tiny_model("llama")
+    file = CacheFile(tmp_path / "doc.kv", {"key": "doc", "kv": "f16"})
+    b = backend(model, documents=True)
+    result = b.ensure_prefix(doc, file)
+    assert (result.status, result.saved_bytes) == ("miss", 0)
+    assert result.save_error == f"{file.path}: No space left on device"
+    assert list(tmp_path.iterdir()) == []                  # neither the file nor its temporary is left
+    again = b.ensure_prefix(doc, file)                    # the prefix is still held in memory
+    assert (again.status, again.source) == ("hit", "memory")

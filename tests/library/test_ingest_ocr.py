@@ -103,7 +103,7 @@ def test_a_version_4_store_gets_page_sources(tmp_path):
     conn.execute("INSERT INTO pages (doc_id, number, start, text) VALUES (1, 1, 0, 'old text')")
     conn.close()
     store = Store(path)
-    assert current_version(store.conn) == SCHEMA_VERSION == 9
+    assert current_version(store.conn) == SCHEMA_VERSION == 10
     assert store.page_sources(1) == [{"number": 1, "source": "text", "note": None}]
     assert store.page_words(1, 1) == [] and store.ocr_pages(1) == []
     store.close()

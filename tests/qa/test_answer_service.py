@@ -252,6 +252,34 @@ def test_a_document_not_read_yet_is_answered_at_once_from_its_best_passages_and_
     assert again.answered_from == "document" and again.timings["kv_cache"] == "hit"
 
 
+def test_across_documents_some_not_read_the_read_ones_are_whole_and_the_others_give_passages(store, model_file):
+    """A folder where one long document is read and another is not: the question reads the read
+    one whole (its cache) and the best passages of the other beside the question, at once, and
+    says which it read whole; one that no passage matches is left out."""
+    from app.qa.doc_cache import DocCaches, store_cache_dir
+    from app.qa.reading import read_document
+
+    tides = [f"Tide table {i}: the harbour master's boat left with the tide at dawn, keeping the password "
+             f"book aboard. " * 8 for i in range(30)]
+    read = add_document(store, "/docs/tides.txt", "Tide Tables", tides)
+    unread = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    unrelated = add_document(store, "/docs/recipes.txt", "Recipes", ["Bake the bread at dawn for an hour. " * 300])
+    backend = FakeBackend(model_file, composes=True, n_ctx=16384)
+    caches = DocCaches(store, store_cache_dir(store))
+    assert read_document(store, backend, read, caches).status == "read"
+    backend.cache = []                                   # a new process: the read one is in its file
+    a = answer(store, backend, "What was the harbour master's secret password?", [read, unread, unrelated], PARAMS)
+    assert a.answered_from == "document" and a.considered == [{"doc": read, "title": "Tide Tables"}]
+    assert a.note.startswith("Read whole: Tide Tables; from the other 2, their best passages (Long Log; Recipes are "
+                             "not read yet")
+    prompt = backend.detokenize(backend.prompts[-1])
+    assert prompt.count("Tide table 29") >= 1                                       # the whole read document
+    assert "The harbour master's secret password was BLUEHERON" in prompt.split(BESIDE_LEAD)[-1]
+    assert "Day 0:" not in prompt and "Bake the bread" not in prompt                 # passages, not whole
+    assert a.timings["kv_cache"] == "hit" and not store.kv_caches(unread)            # nothing else was read
+    assert unread in a.doc_ids and (unread, 24) in {(c["doc"], c["page"]) for c in a.citations}
+
+
 @pytest.mark.parametrize("composes", [True, False])
 def test_the_passages_beside_as_text_after_the_document(store, model_file, composes):
     """Asked for, or where the backend has no blocked cache to copy from."""

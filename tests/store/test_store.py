@@ -52,15 +52,23 @@ def test_upgrade_from_version_1_keeps_documents_and_fills_new_tables(tmp_path):
     store.close()
 
 
+def store_at_version(tmp_path, version: int, titles: list[str]):
+    """A store file as eLLM left it at schema ``version``, with a document of each title; (path, connection)."""
+    path = tmp_path / f"v{version}.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:version]:
+        step(conn)
+    conn.execute(f"PRAGMA user_version = {version}")
+    for title in titles:
+        conn.execute("INSERT INTO documents (path, title, status, pages) VALUES (?, ?, 'ingested', 1)",
+                     [f"/lib/{title.lower()}.txt", title])
+    return path, conn
+
+
 def test_upgrade_to_threads_makes_each_earlier_answer_a_thread_of_one_turn(tmp_path):
     from app.store.threads import delete_thread, list_threads, thread_turns
 
-    path = tmp_path / "v8.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    for step in MIGRATIONS[:8]:
-        step(conn)
-    conn.execute("PRAGMA user_version = 8")
-    conn.execute("INSERT INTO documents (path, title, status, pages) VALUES ('/lib/a.txt', 'A', 'ingested', 1)")
+    path, conn = store_at_version(tmp_path, 8, ["A"])
     for q in ("When was the treaty signed?", "Who kept the lamp?"):
         conn.execute("INSERT INTO answers (doc_ids, question, answer, citations, created_at) "
                      "VALUES ('[1]', ?, 'an answer', '[]', '2026-01-01T00:00:00')", [q])
@@ -181,3 +189,23 @@ def test_two_connections_see_each_others_writes(tmp_path):
     one.save_document({"path": "/a", "status": "ingested"})
     assert [d["path"] for d in two.documents()] == ["/a"]
     one.close(), two.close()
+
+
+def test_upgrade_to_the_cache_budget_keeps_the_documents_and_orders_caches_by_use(tmp_path):
+    path, conn = store_at_version(tmp_path, 9, ["A", "B"])
+    conn.close()
+
+    store = Store(path)
+    a, b = (d["id"] for d in store.documents())
+    assert all(d["opened_at"] is None and d["cache_note"] is None for d in store.documents())
+    store.add_kv_cache(b, "kb", "/cache/b.kv", "m", "f16", 10, 300)
+    store.add_kv_cache(a, "ka", "/cache/a.kv", "m", "f16", 10, 200)
+    assert [r["doc_id"] for r in store.kv_caches_by_use()] == [b, a] and store.kv_cache_bytes() == 500
+    store.touch_kv_cache(b, "kb")
+    assert [(r["doc_id"], r["title"]) for r in store.kv_caches_by_use()] == [(a, "A"), (b, "B")]
+    store.set_cache_note(a, "kept in memory only")
+    store.mark_opened([a])
+    assert store.document(a)["cache_note"] == "kept in memory only" and store.document(a)["opened_at"]
+    store.add_kv_cache(a, "ka2", "/cache/a2.kv", "m", "f16", 10, 200)       # written after all: the note goes
+    assert store.document(a)["cache_note"] is None
+    store.close()

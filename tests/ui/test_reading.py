@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from app.qa.reading import NOT_READ, READ
 from app.settings import Settings
+from app.qa.cache_budget import format_size
 from app.ui.library import READ_COLUMN
 from tests.docs.make_samples import make_text
 from tests.ui.helpers import doc_id, ingest, row_of
@@ -31,18 +32,29 @@ def test_documents_are_read_ahead_and_the_library_shows_their_state(qtbot, windo
     make_text(folder / "b.txt", "Beta\n\n" + "The beta memo lists the council's budget lines. " * 20)
     session.save_settings(READING)
     ingest(qtbot, window, folder)
-    assert {window.library.table.item(r, READ_COLUMN).text() for r in range(2)} == {NOT_READ}
+    # Not read, numbered in reading ahead's order: added the same day, the smaller first.
+    assert {window.library.table.item(row_of(window, t), READ_COLUMN).text() for t in ("Alpha", "Beta")} == {
+        f"{NOT_READ} (#1)", f"{NOT_READ} (#2)"}
+    smaller = min(session.store.documents(), key=lambda d: d["tokens"])["title"]
+    assert window.library.table.item(row_of(window, smaller), READ_COLUMN).text() == f"{NOT_READ} (#1)"
     states = []
     window.reader.sig_state.connect(lambda doc, state: states.append((doc, state)))
     window.read_ahead = True
     job = window.reader.start()
     assert job is not None
     qtbot.waitUntil(lambda: window.reader.job is None, timeout=300_000)
-    window.refresh()
-    assert [window.library.table.item(r, READ_COLUMN).text() for r in range(2)] == [READ, READ]
     a, b = doc_id(window, "a.txt"), doc_id(window, "b.txt")
     assert (a, READ) in states and (b, READ) in states
     assert {r["doc_id"] for r in session.store.kv_caches()} == {a, b}
+    # Read, with each document's cache size on disk, as reading ahead reported it and after a refresh;
+    # the total against the budget below the table.
+    sizes = {r["doc_id"]: format_size(r["bytes"]) for r in session.store.kv_caches()}
+    shown = lambda: [window.library.table.item(row_of(window, t), READ_COLUMN).text() for t in ("Alpha", "Beta")]  # noqa: E731
+    assert shown() == [f"{READ}, {sizes[a]}", f"{READ}, {sizes[b]}"]
+    window.refresh()
+    assert shown() == [f"{READ}, {sizes[a]}", f"{READ}, {sizes[b]}"]
+    total = format_size(session.store.kv_cache_bytes())
+    assert window.library.cache_total.text().startswith(f"Caches: {total} of ")
     # Nothing left to read: starting again does nothing.
     assert window.reader.start() is None
 
@@ -61,7 +73,7 @@ def test_pausing_stops_reading_until_resumed(qtbot, window, session, tmp_path):
     assert not window.reader.paused and window.pause_reading_action.text() == "Pause reading"
     qtbot.waitUntil(lambda: window.reader.job is None, timeout=300_000)
     window.refresh()
-    assert window.library.table.item(row_of(window, "Gamma"), READ_COLUMN).text() == READ
+    assert window.library.table.item(row_of(window, "Gamma"), READ_COLUMN).text().startswith(f"{READ}, ")
 
 
 def test_a_question_before_reading_is_answered_from_passages_and_its_document_is_read_next(qtbot, window, session,

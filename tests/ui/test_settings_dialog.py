@@ -142,3 +142,24 @@ def test_sparse_options_show_the_engine_defaults_read_only(qtbot, window):
     assert dialog.sparse["top_k"].value() == defaults.k
     dialog.attention.setCurrentIndex(dialog.attention.findData("sparse-decode"))     # its own K
     assert dialog.sparse["top_k"].value() == answers.k != defaults.k
+
+
+def test_the_cache_budget_and_reading_ahead_share_round_trip_and_a_smaller_budget_prunes(qtbot, window, session,
+                                                                                          tmp_path):
+    doc = session.store.save_document({"path": "/docs/a.txt", "title": "A", "status": "ingested", "pages": 1},
+                                      [(1, 0, "text")], [(1, 0, 4, "text")])
+    cache = tmp_path / "a.kv"
+    cache.write_bytes(b"\0" * 4096)
+    session.store.add_kv_cache(doc, "key", str(cache), "model", "f16", 10, 4096)
+    dialog = open_dialog(qtbot, window)
+    assert dialog.cache_budget.text().startswith("automatic (") and dialog.read_ahead_share.value() == 50
+    typed(qtbot, dialog.cache_budget, "0")
+    typed(qtbot, dialog.read_ahead_share, "25")
+    with qtbot.waitSignal(dialog.accepted):
+        qtbot.mouseClick(dialog.save_button, Qt.LeftButton)
+    assert (session.settings.cache_budget, session.settings.read_ahead_share) == (0, 0.25)
+    assert session.store.kv_caches() == [] and not cache.exists()        # the smaller budget applied at once
+    again = open_dialog(qtbot, window)
+    assert again.cache_budget.value() == 0.0 and again.read_ahead_share.value() == 25
+    typed(qtbot, again.cache_budget, "2.5")
+    assert again.values().cache_budget == int(2.5 * (1 << 30))
