@@ -93,6 +93,22 @@ def fit(store: Store, backend: Backend, question: str, parts: list[Part],
     return kept, note
 
 
+def ready_among_best(store: Store, backend: Backend, caches: DocCaches, ranked: list[int], room: int) -> list[int]:
+    """Of the documents ``ranked`` (the documents of the best passages, best first, repeats
+    allowed), those that are read (qa/doc_cache.py ``DocCaches.is_read``), as many as ``room``
+    tokens hold: a question across a folder of hundreds reads whole the documents that matter
+    and are ready, and passages of the rest, at once."""
+    count = token_counter(backend)
+    whole = []
+    for doc_id in dict.fromkeys(ranked):
+        pages = load_pages(store, [doc_id], count)
+        prefix = build_prompt(backend, "", format_pages(pages)).prefix if pages else []
+        if prefix and len(prefix) <= room and caches.is_read(backend, doc_id, prefix):
+            whole.append(doc_id)
+            room -= len(prefix)
+    return whole
+
+
 def compose(backend: Backend, caches: DocCaches, parts: list[Part], cancel: Callable[[], bool] | None,
             room: int = 0, retry: bool = True) -> list[int]:
     """Lay the documents' caches one after another in the backend's cache: the first file

@@ -270,34 +270,19 @@ class _Job:
             prefix = build_prompt(self.backend, "", format_pages(pages)).prefix
             if len(prefix) <= READ_AT_ONCE or (len(doc_ids) == 1 and len(prefix) + reserve >= self.backend.n_ctx):
                 continue
-            if self.backend.cached_tokens(0, len(prefix)) == prefix or self.caches.registered(self.backend, doc_id,
-                                                                                             prefix):
+            if self.caches.is_read(self.backend, doc_id, prefix):
                 continue
             unread.append(pages[0].title)
         return unread
 
     def read_among_best(self, doc_ids: list[int]) -> list[int]:
-        """Several documents, some not read: those of the documents the best passages come from
-        that are read (their cache in memory or in its file), best first, as many as fit the
-        context beside the other documents' passages. A question across a folder of hundreds then
-        reads whole the documents that matter and are ready, and passages of the rest, at once."""
-        backend = self.backend
-        if len(doc_ids) < 2 or not backend.capabilities.composes:
+        """Several documents, some not read: the read ones the best passages come from, whole
+        (qa/across.py ``ready_among_best``), with room for the others' passages."""
+        if len(doc_ids) < 2 or not self.backend.capabilities.composes:
             return []
-        ranked = list(dict.fromkeys(p.doc_id for p in best_passages(self.store, doc_ids, self.query,
-                                                                     self.options.passages)))
-        room = backend.n_ctx - self.params.max_tokens - PASSAGES_ROOM - BESIDE_ROOM - across.ROOM
-        count = token_counter(backend)
-        whole = []
-        for doc_id in ranked:
-            pages = load_pages(self.store, [doc_id], count)
-            prefix = build_prompt(backend, "", format_pages(pages)).prefix if pages else []
-            if not prefix or len(prefix) > room:
-                continue
-            if backend.cached_tokens(0, len(prefix)) == prefix or self.caches.registered(backend, doc_id, prefix):
-                whole.append(doc_id)
-                room -= len(prefix)
-        return whole
+        room = self.backend.n_ctx - self.params.max_tokens - PASSAGES_ROOM - BESIDE_ROOM - across.ROOM
+        ranked = best_passages(self.store, doc_ids, self.query, self.options.passages)
+        return across.ready_among_best(self.store, self.backend, self.caches, [p.doc_id for p in ranked], room)
 
     def passages_of(self, doc_ids: list[int], room: int) -> tuple[str, list[PageText]]:
         """The passages of ``doc_ids`` that retrieval ranks best, as pages with markers within

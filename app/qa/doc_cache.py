@@ -131,6 +131,11 @@ class DocCaches:
         file = self.locate(backend, doc_id, tokens)[0]
         return file if file.exists else None
 
+    def is_read(self, backend: Backend, doc_id: int, tokens: Sequence[int]) -> bool:
+        """Whether the prefix ``tokens`` is ready without reading: held by the backend, or in its file."""
+        held = backend.cached_tokens(0, len(tokens)) == list(tokens)
+        return held or self.registered(backend, doc_id, tokens) is not None
+
     def forget(self, backend: Backend, doc_id: int, tokens: Sequence[int]) -> None:
         file, key, _, _ = self.locate(backend, doc_id, tokens)
         self._forget(doc_id, key, file.path)

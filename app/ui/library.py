@@ -20,7 +20,7 @@ ALL_FOLDERS = "All folders"
 PAGES_WIDTH = 48
 TOKENS_WIDTH = 58   # "61.2K", "1.23M"
 STATUS_WIDTH = 68
-READ_WIDTH = 76     # "read, 931 MiB" (its cache on disk), "not read (#3)" (reading ahead's order)
+READ_WIDTH = 76     # "read, 931 MiB" (its cache on disk), "no, #3" (not read: its place in reading ahead's order)
 WATCH_DELAY_MS = 1500  # editors write a file in several steps; wait for the last one
 MAX_WATCHED_FILES = 4000  # inotify watches are a per-user budget; past this, folders only (Rescan finds edits)
 
@@ -93,8 +93,8 @@ class LibraryPane(QWidget):
         self.details.setTextInteractionFlags(Qt.TextSelectableByMouse)
         layout.addWidget(self.details)
         self.cache_total = info_label("", "cacheTotal")
-        self.cache_total.setToolTip("The documents' KV caches on disk against their budget (Settings; `ellm cache`): "
-                                    "past it, the least recently used are deleted first")
+        self.cache_total.setToolTip("The documents' KV caches on disk against their budget (Settings; "
+                                    "`ellm cache`): past it, the least recently used are deleted first")
         layout.addWidget(self.cache_total)
 
         self.progress = QProgressBar()
@@ -166,7 +166,7 @@ class LibraryPane(QWidget):
             self._show_details()
 
     def set_read_state(self, doc_id: int, state: str) -> None:
-        """A document's reading state ("not read (#3)", "reading 42 %, 3 min left", "read, 931 MiB",
+        """A document's reading state ("no, #3", "reading 42 %, 3 min left", "read, 931 MiB",
         "in memory only")."""
         doc = next((d for d in self.docs if d["id"] == doc_id), None)
         if doc is not None:
@@ -266,8 +266,8 @@ def read_tip(doc: dict) -> str:
     state = doc.get("read", "")
     if state.startswith("read, "):
         return f"read; its KV cache takes {state[6:]} on disk"
-    if state.startswith("not read (#"):
-        return f"not read yet: {state[10:-1]} in reading ahead's order"
+    if state.startswith("no, #"):
+        return f"not read yet: {state[4:]} in reading ahead's order"
     if doc.get("cache_note") and state.startswith("in memory"):
         return doc["cache_note"]
     return state

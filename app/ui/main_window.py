@@ -172,7 +172,7 @@ class MainWindow(ConversationsMixin, QMainWindow):
         if state == READ and cache_bytes:
             return f"{READ}, {format_size(cache_bytes)}"
         if state == NOT_READ and place is not None:
-            return f"{NOT_READ} (#{place})"
+            return f"no, #{place}"       # not read, its place in line (the tooltip says it whole)
         return state
 
     def read_state(self, doc_id: int, state: str) -> None:
@@ -229,7 +229,8 @@ class MainWindow(ConversationsMixin, QMainWindow):
         def work(ctl: JobControl):
             count = session.token_counter()
             return ingest(session.store, paths, count,
-                          progress=lambda e: ctl.progress(e.index, e.total, e.line() + (f" · {e.left}" if e.left else "")),
+                          progress=lambda e: ctl.progress(e.index, e.total,
+                                                          e.line() + (f" · {e.left}" if e.left else "")),
                           cancel=ctl.cancelled)
 
         job = Job(work)

@@ -2,7 +2,7 @@
 progress, pausing it, and the ask pane's progress bar while a document is read for a question."""
 from __future__ import annotations
 
-from app.qa.reading import NOT_READ, READ
+from app.qa.reading import READ
 from app.settings import Settings
 from app.qa.cache_budget import format_size
 from app.ui.library import READ_COLUMN
@@ -34,9 +34,10 @@ def test_documents_are_read_ahead_and_the_library_shows_their_state(qtbot, windo
     ingest(qtbot, window, folder)
     # Not read, numbered in reading ahead's order: added the same day, the smaller first.
     assert {window.library.table.item(row_of(window, t), READ_COLUMN).text() for t in ("Alpha", "Beta")} == {
-        f"{NOT_READ} (#1)", f"{NOT_READ} (#2)"}
+        "no, #1", "no, #2"}
     smaller = min(session.store.documents(), key=lambda d: d["tokens"])["title"]
-    assert window.library.table.item(row_of(window, smaller), READ_COLUMN).text() == f"{NOT_READ} (#1)"
+    item = window.library.table.item(row_of(window, smaller), READ_COLUMN)
+    assert item.text() == "no, #1" and "not read yet: #1 in reading ahead's order" in item.toolTip()
     states = []
     window.reader.sig_state.connect(lambda doc, state: states.append((doc, state)))
     window.read_ahead = True
@@ -49,7 +50,9 @@ def test_documents_are_read_ahead_and_the_library_shows_their_state(qtbot, windo
     # Read, with each document's cache size on disk, as reading ahead reported it and after a refresh;
     # the total against the budget below the table.
     sizes = {r["doc_id"]: format_size(r["bytes"]) for r in session.store.kv_caches()}
-    shown = lambda: [window.library.table.item(row_of(window, t), READ_COLUMN).text() for t in ("Alpha", "Beta")]  # noqa: E731
+    def shown():
+        return [window.library.table.item(row_of(window, t), READ_COLUMN).text() for t in ("Alpha", "Beta")]
+
     assert shown() == [f"{READ}, {sizes[a]}", f"{READ}, {sizes[b]}"]
     window.refresh()
     assert shown() == [f"{READ}, {sizes[a]}", f"{READ}, {sizes[b]}"]
