@@ -253,7 +253,9 @@ def test_a_wrong_checksum_or_member_is_an_error_naming_the_package_and_file(tmp_
 
 def test_modes_are_settings_overrides():
     assert [m.name for m in MODES] == ["defaults", "passages", "topk", "topk-ellm", "closed", "whole", "beside-text",
-                                       "dense", "sparse", "sparse-decode", "rag8k"]
+                                       "dense", "sparse", "sparse-decode", "k8v8", "k8v4", "rag8k"]
+    assert find_mode("k8v8").overrides() == {"kv": "k8v8"}
+    assert find_mode("k8v8").options() == find_mode("defaults").options()
     assert [(m.source, m.options().source if m.source not in ("topk", "closed") else m.source)
             for m in (find_mode("defaults"), find_mode("passages"), find_mode("topk"))] == [
         ("document", "document"), ("passages", "passages"), ("topk", "topk")]
@@ -267,7 +269,7 @@ def test_modes_are_settings_overrides():
     assert find_mode("sparse-decode").overrides(12288) == {"engine": "ellm", "n_ctx": 12288, "kv": "f16",
                                                          "attention": "sparse-decode"}
     with pytest.raises(ValueError, match="unknown mode 'quest'; choose from defaults, passages, topk, topk-ellm, "
-                                         "closed, whole, beside-text, dense, sparse, sparse-decode, rag8k"):
+                                         "closed, whole, beside-text, dense, sparse, sparse-decode, k8v8, k8v4, rag8k"):
         find_mode("quest")
 
 
