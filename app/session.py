@@ -1,15 +1,19 @@
-"""One data directory opened for use: the store, the settings, the model and
-its backend. The CLI and the GUI both work through a Session, so neither holds
-logic the other would miss."""
+"""One data directory opened for use: the store, the settings, the model and the backends it
+loaded. The window, the CLI, the API server and batches all work through a Session: it asks,
+reads and summarizes, sizing the backend for the documents itself from one run plan
+(runtime/plan.py), so no front end sizes a backend or holds logic another would miss."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
-from app.settings import Paths, Settings
 from app.engine.backend import SamplingParams
+from app.runtime.backends import Backends
 from app.runtime.model_files import ModelError, resolve_model
+from app.runtime.plan import RunPlan, plan_for
+from app.settings import Paths, Settings
 from app.store import Store
 
 
@@ -18,9 +22,12 @@ class SessionError(Exception):
 
 
 class Session:
-    def __init__(self, paths: Paths, overrides: dict | None = None):
+    def __init__(self, paths: Paths, overrides: dict | None = None, backends: Backends | None = None):
+        """``backends``: the loaded backends to share with another session of this process (the API
+        server's session per model): one model in memory at a time between them."""
         self.paths = paths.ensure()
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        self.backends = backends if backends is not None else Backends()
         # One backend (one KV cache) serves the session: whoever runs it (an answer, a summary,
         # reading ahead) holds this lock.
         self.engine_lock = threading.RLock()
@@ -110,42 +117,84 @@ class Session:
             self.store.set_token_count(doc["id"], doc["content_hash"], key, tokens)
         return tokens
 
-    def chosen(self, doc_tokens: int | None = None):
-        """The context, KV format and attention for ``doc_tokens`` of documents: the settings'
-        own where a person chose them, else eLLM's choice (app/runtime/auto.py)."""
-        from app.runtime.auto import choose
-        from app.runtime.engines import choose_engine
-
-        path = self.model_path
+    def plan(self, doc_tokens: int | None = None) -> RunPlan:
+        """The run plan for ``doc_tokens`` tokens of documents (None: no document): the settings'
+        own choices where a person made them, else eLLM's (runtime/auto.py), decided once."""
         try:
-            return choose(self.settings, path, choose_engine(self.settings.engine, path).name, doc_tokens)
-        except ModelError as e:
-            raise SessionError(str(e)) from e
-
-    def backend(self, doc_tokens: int | None = None):
-        """The backend for a question about ``doc_tokens`` tokens of documents (None: no document)."""
-        from app.runtime.engines import open_backend
-
-        s = self.settings
-        path = self.model_path
-        c = self.chosen(doc_tokens)
-        try:
-            return open_backend(s.engine, path, c.n_ctx, s.threads, s.numa, kv=c.kv, attention=c.attention,
-                                planes_dir=self.paths.planes_dir, documents=bool(doc_tokens))
+            return plan_for(self.settings, self.model_path, doc_tokens, self.paths.planes_dir)
         except ModelError as e:
             raise SessionError(str(e)) from e
         except ValueError as e:
-            raise SessionError(f"{path}: cannot load the model ({e})") from e
+            raise SessionError(str(e)) from e
+
+    def backend(self, doc_tokens: int | None = None):
+        """The backend of the run plan for ``doc_tokens`` tokens of documents (None: no document),
+        loaded or kept in ``backends``. Front ends ask for a question's, a document's, a batch's or
+        a chat's backend below instead: the session sizes it."""
+        plan = self.plan(doc_tokens)
+        try:
+            return self.backends.get(plan)
+        except ModelError as e:
+            raise SessionError(str(e)) from e
+        except ValueError as e:
+            raise SessionError(f"{plan.model}: cannot load the model ({e})") from e
+
+    def question_backend(self, doc_ids, whole: bool = False):
+        """The backend a question about ``doc_ids`` runs on (``whole``: every document read in
+        full first, as ``ellm ask --whole`` does)."""
+        return self.backend(self.doc_tokens(doc_ids) if whole else self.question_tokens(doc_ids))
+
+    def document_backend(self, doc_id: int):
+        """The backend that reads or summarizes one document: its context holds it whole."""
+        return self.backend(self.doc_tokens([doc_id]))
+
+    def batch_plan(self, doc_ids) -> RunPlan:
+        """The plan of a batch over ``doc_ids``: sized for the largest, so one engine per worker
+        serves every document."""
+        return self.plan(self._largest(doc_ids))
+
+    def batch_backend(self, doc_ids):
+        """The backend of ``batch_plan``, for a batch run in this process."""
+        return self.backend(self._largest(doc_ids))
+
+    def _largest(self, doc_ids) -> int | None:
+        """The tokens of the largest of ``doc_ids`` (None: none has any)."""
+        return max((self.doc_tokens([d]) for d in doc_ids), default=0) or None
+
+    def chat_backend(self):
+        """The backend of a conversation with the model alone (no document)."""
+        return self.backend(None)
+
+    def ask(self, question: str, doc_ids, *, whole: bool = False, greedy: bool = False,
+            max_tokens: int | None = None, params: SamplingParams | None = None, **kwargs):
+        """Answer ``question`` about ``doc_ids`` on the backend sized for it (qa/answer.py
+        ``answer``; ``kwargs`` are its sinks, options, conversation and ``save``). ``params``: a
+        request's own sampling (the API's), else the settings' (``greedy``, ``max_tokens``)."""
+        from app.qa.answer import DOCUMENT, AnswerOptions, answer
+
+        if whole:
+            kwargs["options"] = replace(kwargs.get("options") or AnswerOptions(), source=DOCUMENT)
+        backend = self.question_backend(doc_ids, whole)
+        return answer(self.store, backend, question, list(doc_ids), params or self.sampling(greedy, max_tokens),
+                      model_name=self.model_path.name, **kwargs)
+
+    def read(self, doc_id: int, caches, **kwargs):
+        """Read ``doc_id`` into its cache ahead of its questions (qa/reading.py ``read_document``)."""
+        from app.qa.reading import read_document
+
+        return read_document(self.store, self.document_backend(doc_id), doc_id, caches, **kwargs)
+
+    def summarize(self, doc_id: int, max_tokens: int | None = None, **kwargs):
+        """Summarize ``doc_id`` on the backend that holds it whole (qa/summarize.py)."""
+        from app.qa.summarize import summarize
+
+        return summarize(self.store, self.document_backend(doc_id), doc_id, self.sampling(max_tokens=max_tokens),
+                         model_name=self.model_path.name, **kwargs)
 
     def backend_keeps_files(self) -> bool:
         """Whether the backend a document gets keeps its KV cache in a file (eLLM's blocked
         cache), i.e. whether reading ahead persists anything."""
-        from app.engine.model.support import blocked_cache
-        from app.runtime.engines import choose_engine
-
-        c, path = self.chosen(1), self.model_path
-        choice = choose_engine(self.settings.engine, path)
-        return choice.name == "ellm" and blocked_cache(choice.architecture, c.kv, c.attention, documents=True)
+        return self.plan(1).blocked
 
     def engine_note(self) -> str:
         """Why the automatic engine choice took llama.cpp for this model ("" otherwise)."""

@@ -80,11 +80,11 @@ class Settings:
     seed: int = 0
     threads: int = 0  # 0 = one per physical core
     numa: str = "distribute"  # NUMA policy: distribute | isolate | none
-    kv: str = "auto"  # KV cache precision: auto | f16 | k8v8 | k8v4 | k4v4 (README, "KV cache")
-    attention: str = "auto"  # auto | dense | sparse | sparse-decode (README, "Sparse attention", "Automatic settings")
+    kv: str = "auto"  # KV format: auto | f16 | k8v8 | k8v4 | k4v4 (docs/engine.md, "KV cache")
+    attention: str = "auto"  # auto | dense | sparse | sparse-decode (docs/engine.md, "Sparse attention", "Automatic settings")
     api_server: bool = False  # the window serves the local OpenAI-compatible API (on 127.0.0.1 only)
     api_port: int = 8080  # ... on this port
-    cache_budget: int = AUTO_BUDGET  # bytes of disk for document caches; -1 = automatic (README, "Cache budget")
+    cache_budget: int = AUTO_BUDGET  # bytes of disk for document caches; -1 = automatic (docs/engine.md, "Libraries and the cache budget")
     read_ahead_share: float = 0.5  # reading ahead stops at this share of the budget for documents nobody opened
 
     def __post_init__(self):

@@ -30,8 +30,8 @@ TREATY_PAGES = [
 # End-to-end checks run the default model (or llama.cpp) and take most of the suite's time:
 # they are marked slow. CI runs everything.
 SLOW_MODULES = {
-    "tests/cli/test_ask.py", "tests/cli/test_bench.py", "tests/cli/test_bench_kv.py", "tests/cli/test_doc_cache.py",
-    "tests/cli/test_folder_ask.py", "tests/cli/test_kv_probe.py", "tests/cli/test_passkey.py",
+    "tests/cli/test_ask.py", "tests/bench/test_bench.py", "tests/bench/test_bench_kv.py", "tests/cli/test_doc_cache.py",
+    "tests/cli/test_folder_ask.py", "tests/runtime/test_kv_probe.py", "tests/bench/test_passkey.py",
     "tests/reliability/test_concurrency.py", "tests/reliability/test_crash.py", "tests/reliability/test_privacy.py",
     "tests/reliability/test_hostile_corpus.py", "tests/ui/test_flow.py",
     "tests/ui/test_batch_tab.py", "tests/api/test_serve_end_to_end.py",

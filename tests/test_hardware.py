@@ -16,7 +16,7 @@ from app.engine.cpu.bandwidth import (
 )
 from app.engine.kv import sizes as kv_sizes
 from app.engine.quant.stream_probe import l3_bytes, probe_weight_stream, weight_matrices
-from app.engine.model.gguf_file import scan_gguf
+from app.engine.header.gguf_file import scan_gguf
 from app.runtime.hw_report import format_report, hardware_report
 from tests.engine.fake_sysfs import (
     XEON,
@@ -204,7 +204,7 @@ def test_kv_report_section(tmp_path, smollm2):
 
 
 def test_the_gguf_header_reader_agrees_with_gguf_py(smollm2):
-    """The one header reader (model/gguf_file.py) against gguf-py's full reader: every scalar
+    """The one header reader (header/gguf_file.py) against gguf-py's full reader: every scalar
     and string, short numeric arrays as tuples (long ones and string arrays are skipped), and
     every tensor's name, type, dims and size."""
     from gguf import GGUFReader

@@ -19,7 +19,7 @@ from typing import Callable
 
 from app.api.requests import ApiError, ChatRequest, bad
 from app.engine.backend import SamplingParams, stream_text
-from app.qa.answer import AskError, answer
+from app.qa.answer import AskError
 from app.qa.conversation import Conversation
 from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve
 from app.runtime.model_files import list_models
@@ -89,7 +89,9 @@ class ChatService:
             pass
         if name not in self._sessions:
             path = next(Path(m.path) for m in list_models(self.session.paths.models_dir) if Path(m.path).name == name)
-            self._sessions[name] = Session(self.session.paths, {**self.session.overrides, "model": str(path)})
+            # the window's loaded backends: one model in memory at a time, whichever a request names
+            self._sessions[name] = Session(self.session.paths, {**self.session.overrides, "model": str(path)},
+                                           backends=self.session.backends)
         return self._sessions[name]
 
     # ---- documents --------------------------------------------------------------------------
@@ -145,7 +147,7 @@ class ChatService:
 
     def _about(self, req, session: Session, target):
         doc_ids = list(target.doc_ids)
-        backend = session.backend(session.question_tokens(doc_ids))
+        backend = session.question_backend(doc_ids)
         params = self.params(req, session)
         question_tokens = len(backend.tokenize(req.question, add_bos=False, special=False))
         if question_tokens + params.max_tokens + 64 > backend.n_ctx:
@@ -157,9 +159,8 @@ class ChatService:
             with self._lock:
                 conv = self._conversations.pop(key, None) or Conversation(None, list(req.turns))
             try:
-                result = answer(session.store, backend, req.question, doc_ids, params,
-                                model_name=session.model_path.name, on_text=on_text, cancel=cancel, save=False,
-                                conversation=conv)
+                result = session.ask(req.question, doc_ids, params=params, on_text=on_text, cancel=cancel,
+                                     save=False, conversation=conv)
             except (AskError, ValueError) as e:
                 raise bad(str(e), "messages", code="context_length_exceeded" if "context" in str(e) else None) from e
             with self._lock:
@@ -179,7 +180,7 @@ class ChatService:
         return run
 
     def _chat(self, req, session: Session):
-        backend = session.backend(None)
+        backend = session.chat_backend()
         params = self.params(req, session)
         prompt = backend.tokenize(backend.apply_chat_template(req.messages()), add_bos=True, special=True)
         if len(prompt) + params.max_tokens > backend.n_ctx:

@@ -92,20 +92,14 @@ def format_seconds(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def largest_document(session, doc_ids) -> int | None:
-    """The tokens of the largest of ``doc_ids`` (None: none has any): the automatic settings are
-    sized for it, so one engine per worker serves every document of the batch."""
-    return max((session.doc_tokens([d]) for d in doc_ids), default=0) or None
-
-
 def session_spec(session, target: str, doc_ids, tasks: tuple[Task, ...], params, threads: int) -> BatchSpec:
     """The batch of ``tasks`` over ``doc_ids`` with the session's model and settings (the
     command line's options on top), each worker running ``threads`` threads."""
     from app.qa.doc_cache import model_fingerprint
 
     s, path = session.settings, session.model_path
-    c = session.chosen(largest_document(session, doc_ids))
-    engine = EngineSpec(s.engine, str(path), path.name, c.n_ctx, threads, s.numa, c.kv, c.attention)
+    plan = session.batch_plan(doc_ids)     # sized for the largest document: one engine serves them all
+    engine = EngineSpec(s.engine, str(path), path.name, plan.n_ctx, threads, s.numa, plan.kv, plan.attention)
     return BatchSpec(target, tuple(doc_ids), tasks, engine, params, model_fingerprint(path))
 
 

@@ -31,8 +31,8 @@ class Task:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """How a worker opens its engine: everything app/runtime/engines.open_backend takes. The
-    threads are the worker's own plan, not the driver's."""
+    """How a worker opens its engine: what app/runtime/plan.py ``run_plan`` takes, resolved by
+    the driver's session (its threads are the worker's own, not the driver's)."""
 
     engine: str
     model_path: str

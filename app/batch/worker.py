@@ -85,13 +85,14 @@ class DocumentWorker:
         self._own_cache = cache_dir is None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else own_cache_dir()
         if backend is None:
-            from app.runtime.engines import open_backend
+            from app.runtime.backends import Backends
             from app.runtime.model_files import ModelError
+            from app.runtime.plan import run_plan
 
             path = locate_model(engine)
             try:
-                backend = open_backend(engine.engine, path, engine.n_ctx, engine.threads, engine.numa,
-                                       kv=engine.kv, attention=engine.attention, documents=True)
+                backend = Backends().get(run_plan(engine.engine, path, engine.n_ctx, engine.threads, engine.numa,
+                                                  kv=engine.kv, attention=engine.attention, documents=True))
             except (ModelError, ValueError) as e:
                 raise WorkerError(f"{self.name}: cannot open {path}: {e}") from e
         self.backend = backend

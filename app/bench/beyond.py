@@ -47,7 +47,7 @@ def run_beyond(cfg: BeyondConfig, progress: Callable[[str], None] = lambda what:
     from app.bench.needle import NeedleConfig, run_needle_folder
     from app.bench.passkey import PasskeyConfig, run_passkey
     from app.engine.attention.config import SparseConfig
-    from app.engine.model.gguf_file import scan_gguf
+    from app.engine.header.gguf_file import scan_gguf
 
     sparse = cfg.sparse or SparseConfig()
     said = lambda part: (lambda what: progress(f"{part}: {what}"))  # noqa: E731

@@ -179,7 +179,7 @@ def run_folder_trials(cfg: EvalConfig, spec: FolderTrials, files: list[Path],
     done = 0
     for mode in cfg.modes:
         try:
-            mode_session, backend, ctx_note = open_mode(cfg, paths, mode, widest, count)
+            mode_session, backend, ctx_note = open_mode(cfg, paths, mode, widest, count, session.backends)
         except (SessionError, ModelError, ValueError) as e:
             report.skipped.append({"mode": mode.name, "reason": str(e)})
             progress(f"{mode.name}: skipped: {e}")

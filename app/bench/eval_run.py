@@ -196,12 +196,13 @@ def base_settings(cfg: EvalConfig) -> dict:
     return {"model": str(cfg.model), "max_tokens": cfg.max_tokens, **{k: v for k, v in cfg.base.items() if v}}
 
 
-def open_mode(cfg: EvalConfig, paths: Paths, mode: EvalMode, docs: list[dict], count):
+def open_mode(cfg: EvalConfig, paths: Paths, mode: EvalMode, docs: list[dict], count, backends=None):
     """(session, backend, context note) of ``mode`` for the stored documents ``docs`` asked
     about together: a whole-document mode's context sized to hold them, the automatic one
     otherwise, each from their tokens by the model's tokenizer (Session.doc_tokens, as ``ellm
-    ask`` sizes it). Raises SessionError, ModelError or ValueError when the mode cannot run here."""
-    session = Session(paths, base_settings(cfg))
+    ask`` sizes it); ``backends``: the run's loaded backends (runtime/backends.py), shared by its
+    modes. Raises SessionError, ModelError or ValueError when the mode cannot run here."""
+    session = Session(paths, base_settings(cfg), backends)
     tokens, pages = sum(session.model_tokens(d) for d in docs), sum(d["pages"] for d in docs)
     n_ctx, ctx_note = (whole_document_context(cfg.model, tokens, pages, cfg.max_tokens, count)
                        if mode.whole_context else (None, ""))
@@ -210,7 +211,7 @@ def open_mode(cfg: EvalConfig, paths: Paths, mode: EvalMode, docs: list[dict], c
     if mode.trained_only and trained and need > trained:
         raise SessionError(f"{mode.name} reads only documents inside the model's trained context: the whole "
                            f"document needs {need} tokens of context; the model was trained for {trained}")
-    session = Session(paths, {**base_settings(cfg), **mode.overrides(n_ctx)})
+    session = Session(paths, {**base_settings(cfg), **mode.overrides(n_ctx)}, backends)
     if n_ctx is not None and n_ctx < MIN_CONTEXT:
         raise SessionError(f"no context of at least {MIN_CONTEXT} tokens: {ctx_note}")
     return session, session.backend(session.doc_tokens([d["id"] for d in docs])), ctx_note
@@ -282,6 +283,7 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
                                 "modes": [{"name": m.name, "description": m.description, "overrides": m.overrides(),
                                            "source": m.source, "beside": m.beside} for m in cfg.modes]})
     session = Session(paths, base)
+    backends = session.backends         # one model in memory for the whole run, shared by its modes
     stored = ingest_documents(session, files, progress)
     count = session.token_counter()
     for doc, row in zip(questions.documents, stored):
@@ -293,7 +295,7 @@ def run_eval(cfg: EvalConfig, questions: QuestionSet, files: list[Path],
     for mode in cfg.modes:
         for doc, row in zip(questions.documents, stored):
             try:
-                mode_session, backend, ctx_note = open_mode(cfg, paths, mode, [row], count)
+                mode_session, backend, ctx_note = open_mode(cfg, paths, mode, [row], count, backends)
             except (SessionError, ModelError, ValueError) as e:
                 report.skipped.append({"mode": mode.name, "document": doc.name, "reason": str(e)})
                 progress(f"{mode.name}: {doc.name}: skipped: {e}")

@@ -32,7 +32,7 @@ from app.bench.step_parts import PARTS, chunk_parts, step_parts
 from app.engine.backend import SamplingParams
 from app.engine.generate import PREFILL_CHUNK
 from app.engine.kv.sizes import LLAMACPP_KV_TYPES, KVShape
-from app.engine.model.gguf_file import scan_gguf
+from app.engine.header.gguf_file import scan_gguf
 from app.runtime.auto import AUTO
 
 if TYPE_CHECKING:
@@ -184,8 +184,8 @@ def filler_prompt(backend, n_tokens: int, salt: int = 0) -> list[int]:
 
 # The warm-up prompt: two prefill chunks, as a measured prefill has (full chunks, the second
 # attending over the first), so what a measurement takes is compiled and paged in before it:
-# with one chunk of 64 tokens, a first run after numba's cache was cleared measured a 512-token
-# prefill at 0.4x of the next run's.
+# a warm-up of one short chunk leaves the kernels of a full chunk, and of a chunk over earlier
+# ones, to be compiled inside the first measured prefill.
 WARMUP_TOKENS = PREFILL_CHUNK + 64
 PART_STEPS = 16   # eLLM decode steps timed by part after each measurement (bench/step_parts.py)
 

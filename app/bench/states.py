@@ -9,7 +9,7 @@ other code is never loaded. The prefill speed is measured when a state is first 
 recorded beside it; a run that loads the state reports that record as a record (``"state"``),
 which the bench shows but never divides by a figure of its own run. eLLM's blocked caches are
 written by its own prefix files (``ensure_prefix``, checksummed); llama.cpp's through its state
-file (``llama_state_save_file``). eLLM's dense f16 cache has no file: it is prefilled every time.
+file (``llama_state_save_file``). eLLM's contiguous f16 cache has no file: it is prefilled every time.
 """
 from __future__ import annotations
 

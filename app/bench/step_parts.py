@@ -50,7 +50,7 @@ TIMED = (
     ("kernels", "app.engine.model.transformer", None, "swiglu"),
     ("kernels", "app.engine.model.transformer", None, "geglu"),
     ("kernels", "app.engine.kv.blocked", "BlockKVCache", "update"),
-    ("kernels", "app.engine.kv.dense", "KVCache", "update"),
+    ("kernels", "app.engine.kv.contiguous", "KVCache", "update"),
 )
 PARTS = ("weights", "attention", "choice", "kernels", "other")
 

@@ -7,7 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from app.cli.commands import ask_target
+from app.cli.context import ask_target
 from app.cli.context import CliError, Context, err
 
 
@@ -26,7 +26,7 @@ def batch_target(ctx: Context) -> tuple[str, tuple[int, ...]]:
 
 def cmd_batch(ctx: Context) -> int:
     from app.batch.driver import run_batch, session_spec
-    from app.batch.export import BatchExportError, export_rows, format_for, write_results
+    from app.batch.results_file import BatchExportError, export_rows, format_for, write_results
     from app.batch.pools import size_workers
     from app.batch.ray_pool import AUTH_HINT, RayPool
     from app.batch.spec import read_questions, tasks_from

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from app.cli.context import CliError, Context, ProgressLine, err
+from app.cli.context import CliError, Context, ProgressLine, ask_target, err
 
 QUIT = ("/quit", "/exit")
 NEW = "/new"
@@ -27,7 +27,6 @@ def thread_of(ctx: Context, thread_id: int) -> dict:
 def conversation_for(ctx: Context) -> tuple:
     """(the target of --doc/--folder/--all or None, the Conversation to continue, its document
     ids): the thread of --thread, or a new one about the target (created with its first answer)."""
-    from app.cli.commands import ask_target
     from app.qa.conversation import Conversation
     from app.store.threads import thread_turns
 
@@ -78,7 +77,7 @@ def show_sources(ctx: Context, result) -> None:
 
 def cmd_chat(ctx: Context) -> int:
     """A line-editing prompt: each question a turn of one thread, answers streamed with their pages."""
-    from app.qa.answer import AskError, answer
+    from app.qa.answer import AskError
     from app.qa.conversation import Conversation
 
     try:
@@ -87,8 +86,7 @@ def cmd_chat(ctx: Context) -> int:
         pass
     a = ctx.args
     target, conversation, doc_ids = conversation_for(ctx)
-    backend = ctx.backend(ctx.session.question_tokens(doc_ids))
-    params = ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens)
+    ctx.noted(None)
     titles = [(ctx.store.document(d) or {}).get("title", str(d)) for d in doc_ids]
     err(f"Chatting about {'; '.join(titles[:3])}{f' and {len(titles) - 3} more' if len(titles) > 3 else ''}"
         + (f" (thread {conversation.thread_id}, {len(conversation.turns)} turns so far)" if conversation.thread_id
@@ -110,9 +108,9 @@ def cmd_chat(ctx: Context) -> int:
         new_thread(ctx, conversation, doc_ids, question, target)
         print("\neLLM> ", end="", flush=True)
         try:
-            result = answer(ctx.store, backend, question, doc_ids, params, model_name=ctx.model_path.name,
-                            on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
-                            progress=ProgressLine("chat"), conversation=conversation)
+            result = ctx.session.ask(question, doc_ids, greedy=a.greedy, max_tokens=a.max_tokens,
+                                     on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
+                                     progress=ProgressLine("chat"), conversation=conversation)
         except (AskError, ValueError, KeyboardInterrupt) as e:
             err(f"ellm: {e}" if not isinstance(e, KeyboardInterrupt) else "\n(stopped)")
             forget_if_empty(ctx, conversation)

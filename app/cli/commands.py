@@ -55,34 +55,13 @@ def cmd_docs(ctx: Context) -> int:
     return 0
 
 
-def ask_target(ctx: Context):
-    """What --doc, --folder or --all ask about, by the resolver the window uses (qa/targets.py)."""
-    from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve
-
-    a = ctx.args
-    if not (a.doc or a.folder or a.all):
-        raise CliError("say what to ask about: --doc DOC (repeat for several), --folder PATH or --all"
-                       + (", or --thread ID to continue a conversation" if hasattr(a, "thread") else ""))
-    docs = ctx.store.documents()
-    if a.doc:
-        target = resolve(SELECTED, docs, [ctx.resolve_doc(ref)["id"] for ref in a.doc])
-    elif a.folder:
-        target = resolve(FOLDER, docs, [], chosen_folder=str(Path(a.folder).expanduser().resolve()))
-    else:
-        target = resolve(EVERYTHING, docs, [])
-    if not target.doc_ids:
-        raise CliError(target.problem)
-    return target
-
-
 def cmd_ask(ctx: Context) -> int:
     from app.cli.chat_commands import conversation_for, new_thread, show_sources
-    from app.qa.answer import AUTO, DOCUMENT, AnswerOptions, AskError, answer
+    from app.qa.answer import AUTO, DOCUMENT, AnswerOptions, AskError
 
     a = ctx.args
     target, conversation, doc_ids = conversation_for(ctx)
-    backend = ctx.backend(ctx.session.doc_tokens(doc_ids) if a.whole else ctx.session.question_tokens(doc_ids))
-    params = ctx.sampling(greedy=a.greedy, max_tokens=a.max_tokens)
+    backend = ctx.noted(ctx.session.question_backend(doc_ids, whole=a.whole))
     streaming = not ctx.json
     if streaming and a.verbose:
         err(f"engine {backend.name}, model {ctx.model_path.name}, context {backend.n_ctx} tokens")
@@ -96,9 +75,9 @@ def cmd_ask(ctx: Context) -> int:
     if a.thread is not None:
         new_thread(ctx, conversation, doc_ids, a.question, target)
     try:
-        result = answer(ctx.store, backend, a.question, doc_ids, params, model_name=ctx.model_path.name,
-                        on_text=show, progress=ProgressLine("ask"), options=options,
-                        conversation=conversation if a.thread is not None else None)
+        result = ctx.session.ask(a.question, doc_ids, whole=a.whole, greedy=a.greedy, max_tokens=a.max_tokens,
+                                 on_text=show, progress=ProgressLine("ask"), options=options,
+                                 conversation=conversation if a.thread is not None else None)
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e
     if ctx.json:
@@ -113,7 +92,7 @@ def cmd_read(ctx: Context) -> int:
     named (a person's choice: the cache budget makes room for them), or ``--all`` in reading
     ahead's order and within its share of the budget."""
     from app.qa.doc_cache import DocCaches, store_cache_dir
-    from app.qa.reading import STOPPED, read_document, reading_order
+    from app.qa.reading import STOPPED, reading_order
 
     a = ctx.args
     if a.all:
@@ -127,9 +106,8 @@ def cmd_read(ctx: Context) -> int:
     progress = None if ctx.json else ProgressLine("read")
     rows = []
     for i, doc in enumerate(docs):
-        backend = ctx.backend(ctx.session.doc_tokens([doc["id"]]))
-        result = read_document(ctx.store, backend, doc["id"], caches, progress=progress, nth=i + 1, of=len(docs),
-                               ahead=a.all)
+        ctx.noted(None)
+        result = ctx.session.read(doc["id"], caches, progress=progress, nth=i + 1, of=len(docs), ahead=a.all)
         rows.append(result.as_dict())
         if not ctx.json:
             print(f"{result.title}: {result.status} ({result.tokens:,} tokens, {result.seconds:.1f} s)"
@@ -192,7 +170,7 @@ def cmd_cache(ctx: Context) -> int:
 
 def cmd_summarize(ctx: Context) -> int:
     from app.qa.export import ExportError, export, format_for
-    from app.qa.summarize import SummaryError, summarize
+    from app.qa.summarize import SummaryError
 
     doc = ctx.resolve_doc(ctx.args.doc)
     fmt = None
@@ -201,13 +179,10 @@ def cmd_summarize(ctx: Context) -> int:
             fmt = format_for(ctx.args.out, ctx.args.format)
         except ExportError as e:
             raise CliError(str(e)) from e
-    backend = ctx.backend(ctx.session.doc_tokens([doc["id"]]))
-    params = ctx.sampling(max_tokens=ctx.args.max_tokens)
-
+    ctx.noted(None)
     progress = None if ctx.json else ProgressLine("summarize")
     try:
-        s = summarize(ctx.store, backend, doc["id"], params, model_name=ctx.model_path.name, progress=progress,
-                      again=ctx.args.again)
+        s = ctx.session.summarize(doc["id"], max_tokens=ctx.args.max_tokens, progress=progress, again=ctx.args.again)
     except SummaryError as e:
         raise CliError(str(e)) from e
     if s.reused and not ctx.json:
@@ -301,7 +276,7 @@ def models_install(ctx: Context) -> int:
 
 
 def cmd_complete(ctx: Context) -> int:
-    backend = ctx.backend()
+    backend = ctx.noted(ctx.session.chat_backend())
     from app.engine.backend import stream_text
 
     params = ctx.sampling(greedy=ctx.args.greedy, max_tokens=ctx.args.n)
@@ -350,7 +325,7 @@ def cmd_hw(ctx: Context) -> int:
     docs = [d["tokens"] for d in ctx.store.documents() if d["status"] == "ingested"]
     kv = a.kv or s.kv
     if kv == "auto":
-        kv = ctx.session.chosen().kv      # what the automatic setting takes on this model's engine
+        kv = ctx.session.plan().kv      # what the automatic setting takes on this model's engine
     report = hardware_report(sysfs_root=root,
                              model_path=ctx.model_path, kv=kv, doc_tokens=docs,
                              threads=a.threads if a.threads is not None else s.threads,

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -21,6 +21,7 @@ class CliError(Exception):
 @dataclass
 class Context:
     args: argparse.Namespace
+    _noted: bool = field(default=False, repr=False)     # the engine choice's note is on stderr
 
     @property
     def json(self) -> bool:
@@ -49,13 +50,12 @@ class Context:
     def model_path(self) -> Path:
         return self.session.model_path
 
-    def backend(self, doc_tokens: int | None = None):
-        """The session's backend for ``doc_tokens`` tokens of documents (the automatic context
-        holds them); the automatic engine choice's note, if any, on stderr."""
-        backend = self.session.backend(doc_tokens)
+    def noted(self, backend):
+        """``backend``, once the automatic engine choice's note (if any) is on stderr."""
         note = self.session.engine_note()
-        if note:
+        if note and not self._noted:
             err(f"ellm: {note}")
+            self._noted = True
         return backend
 
     def print_json(self, obj) -> None:
@@ -110,3 +110,23 @@ class ProgressLine:
         if self.open:
             sys.stderr.write("\n")
             self.open = False
+
+
+def ask_target(ctx: Context):
+    """What --doc, --folder or --all ask about, by the resolver the window uses (qa/targets.py)."""
+    from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve
+
+    a = ctx.args
+    if not (a.doc or a.folder or a.all):
+        raise CliError("say what to ask about: --doc DOC (repeat for several), --folder PATH or --all"
+                       + (", or --thread ID to continue a conversation" if hasattr(a, "thread") else ""))
+    docs = ctx.store.documents()
+    if a.doc:
+        target = resolve(SELECTED, docs, [ctx.resolve_doc(ref)["id"] for ref in a.doc])
+    elif a.folder:
+        target = resolve(FOLDER, docs, [], chosen_folder=str(Path(a.folder).expanduser().resolve()))
+    else:
+        target = resolve(EVERYTHING, docs, [])
+    if not target.doc_ids:
+        raise CliError(target.problem)
+    return target

@@ -249,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="answer quality on a question set: right, cited, whole document, seconds, per mode")
     p.add_argument("questions", metavar="QUESTIONS.json", help="the question set (tests/data/eval/questions.json)")
     p.add_argument("--modes", default=None, metavar="MODE[,MODE...]",
-                   help="comma-separated modes (README, \"Measuring answer quality\"; default: the comparison the "
-                        "README's table shows)")
+                   help="comma-separated modes (docs/benchmarks.md, \"Measuring answer quality\"; default: the "
+                        "comparison of its tables)")
     p.add_argument("--model", default=None, help="GGUF file path or name in the models folder (default: the default model)")
     p.add_argument("--engine", choices=ENGINES, default=None,
                    help="engine for the modes that do not choose one (default: settings, auto)")

@@ -2,7 +2,7 @@
 
 Formats: PDF, EPUB, TXT, MD, HTML, DOCX. Pages are the unit of citation. PDF pages without a
 text layer are OCRed (app.docs.ocr); tables become Markdown rows (app.docs.tables). Imports no Qt, store
-or engine. pymupdf is not thread-safe: read documents from one worker thread at a time.
+or engine. pymupdf is not thread-safe: extract documents from one worker thread at a time.
 """
 
 from app.docs.document import (
@@ -12,11 +12,11 @@ from app.docs.document import (
     DocumentError,
     Page,
     PageExtra,
-    ReadCancelled,
-    ReadWatch,
+    ExtractCancelled,
+    ExtractWatch,
 )
 from app.docs.limits import PAGE_CHARS
-from app.docs.reader import SUPPORTED_SUFFIXES, read
+from app.docs.extract import SUPPORTED_SUFFIXES, extract
 from app.docs.text import decode_text
 
 __all__ = [
@@ -28,8 +28,8 @@ __all__ = [
     "DocumentError",
     "Page",
     "PageExtra",
-    "ReadCancelled",
-    "ReadWatch",
+    "ExtractCancelled",
+    "ExtractWatch",
     "decode_text",
-    "read",
+    "extract",
 ]

@@ -123,22 +123,22 @@ def brief(error: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class ReadCancelled(Exception):
+class ExtractCancelled(Exception):
     """Reading stopped because the caller's `cancel` said so (between two pages)."""
 
 
 @dataclass(frozen=True)
-class ReadWatch:
+class ExtractWatch:
     """Per-page progress and cancel for readers that do long work per page (OCR)."""
 
     progress: Callable[[int, int, str], None] = lambda done, total, what: None
     """(pages before this one, pages in the file, what is being done) as each page of long
     work begins."""
     cancel: Callable[[], bool] = lambda: False
-    """Asked before each page of long work; True stops reading with ReadCancelled."""
+    """Asked before each page of long work; True stops reading with ExtractCancelled."""
 
 
-NO_WATCH = ReadWatch()
+NO_WATCH = ExtractWatch()
 
 
 class Refused(Exception):

@@ -23,7 +23,7 @@ from app.docs.text import clean_title, paginate
 _HTML_TYPES = {"application/xhtml+xml", "text/html", "application/xml", "text/xml"}
 
 
-def read_epub(path: Path, size: int) -> Extracted:
+def extract_epub(path: Path, size: int) -> Extracted:
     with open_checked_zip(path, "EPUB") as archive, corrupt_zip_refused("EPUB"):
         package_path = _package_path(archive)
         package = _parse_xml(archive, package_path, "package document")

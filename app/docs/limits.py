@@ -50,5 +50,5 @@ OCR_MIN_TEXT_CHARS = 8
 layer (a scan with at most a stamped page number): it is OCRed. Pages with more are never."""
 
 TABLE_MIN_RULES = 4
-"""pymupdf's table finder costs 0.3-0.7 s a page, so it runs only on pages whose drawings
-hold at least this many lines or rectangles: a ruled table has at least that many."""
+"""pymupdf's table finder is slow next to reading a page's text, so it runs only on pages whose
+drawings hold at least this many lines or rectangles: a ruled table has at least that many."""

@@ -75,7 +75,8 @@ _XML_DECLARATION = re.compile(r"^\s*<\?xml[^>]*>")
 
 
 def parse_html(text: str) -> lxml.html.HtmlElement:
-    """Parse with lxml directly: BeautifulSoup took minutes on a 10 MB page."""
+    """Parse with lxml directly: BeautifulSoup builds its tree in Python, far slower on a large
+    page."""
     # The text is decoded already, so an XHTML file's XML declaration says nothing more, and
     # lxml refuses a str that carries one.
     text = _XML_DECLARATION.sub("", normalise(text), count=1).translate(_MARKERS)
@@ -192,7 +193,7 @@ def _row_cells(row: str) -> list[str]:
 # ---- HTML reader
 
 
-def read_html(path: Path, size: int) -> Extracted:
+def extract_html(path: Path, size: int) -> Extracted:
     if size > MAX_TEXT_BYTES:
         raise Refused(
             f"file is {size / 2**20:.0f} MB; HTML over {MAX_TEXT_BYTES // 2**20} MB is not "

@@ -89,7 +89,7 @@ _engine_problem = ""
 
 
 def rapid_engine() -> tuple[RapidEngine | None, str]:
-    """The shared RapidOCR engine (its models load once, ~0.5 s), or None and why not."""
+    """The shared RapidOCR engine (its models load once, not per page), or None and why not."""
     global _engine, _engine_problem
     with _engine_lock:
         if _engine is None and not _engine_problem:

@@ -13,8 +13,8 @@ from app.docs.document import (
     NO_WATCH,
     Extracted,
     PageExtra,
-    ReadCancelled,
-    ReadWatch,
+    ExtractCancelled,
+    ExtractWatch,
     Refused,
 )
 from app.docs.limits import MAX_TEXT_BYTES, OCR_MIN_TEXT_CHARS
@@ -31,7 +31,7 @@ _EOF_MARKER = b"%%EOF"
 _EOF_WINDOW = 1024
 
 
-def read_pdf(path: Path, size: int, watch: ReadWatch = NO_WATCH) -> Extracted:
+def extract_pdf(path: Path, size: int, watch: ExtractWatch = NO_WATCH) -> Extracted:
     try:
         document = pymupdf.open(path, filetype="pdf")
     except (pymupdf.FileDataError, RuntimeError) as error:
@@ -52,7 +52,7 @@ def read_pdf(path: Path, size: int, watch: ReadWatch = NO_WATCH) -> Extracted:
             text = _page_text(document, index)
             if _has_no_text_layer(text):
                 if watch.cancel():
-                    raise ReadCancelled(f"{path}: cancelled before page {index + 1}")
+                    raise ExtractCancelled(f"{path}: cancelled before page {index + 1}")
                 # Said before the page, so a person sees the page being read, not the last one.
                 watch.progress(index, document.page_count,
                                f"OCR page {index + 1} of {document.page_count}")

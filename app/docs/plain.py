@@ -22,11 +22,11 @@ _H1 = re.compile(r"^\s{0,3}#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
 _FRONT_MATTER_FIELD = re.compile(r"^(title|author)\s*:\s*(.*?)\s*$", re.IGNORECASE)
 
 
-def read_txt(path: Path, size: int) -> Extracted:
+def extract_txt(path: Path, size: int) -> Extracted:
     return Extracted(pages=paginate(_read_text(path, size)))
 
 
-def read_md(path: Path, size: int) -> Extracted:
+def extract_md(path: Path, size: int) -> Extracted:
     text = _read_text(path, size)
     fields = _front_matter(text)
     return Extracted(

@@ -38,7 +38,8 @@ def table_text(rows: Iterable[Iterable[str | None]]) -> str:
 
 
 def may_hold_table(page: pymupdf.Page) -> bool:
-    """Cheap test (~0.2 ms) before the finder (~0.3 s): enough ruling lines and rectangles."""
+    """Cheap test before the costly finder (it only counts drawn items): enough ruling lines and
+    rectangles."""
     rules = 0
     for path in page.get_cdrawings():
         rules += sum(1 for item in path.get("items", ()) if item[0] in ("l", "re", "qu"))

@@ -32,7 +32,7 @@ _TITLE_SEARCH_PARAGRAPHS = 200
 _OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 
 
-def read_docx(path: Path, size: int) -> Extracted:
+def extract_docx(path: Path, size: int) -> Extracted:
     with open(path, "rb") as file:
         if file.read(len(_OLE_MAGIC)) == _OLE_MAGIC:
             raise Refused(

@@ -28,8 +28,8 @@ _PUBLIC = {
     # the backends
     "EllmBackend": "ellm_backend", "LlamaCppBackend": "llamacpp_backend", "open_llama": "llamacpp_backend",
     # models
-    "Model": "model.transformer", "ModelConfig": "model.config", "UnsupportedModelError": "model.config",
-    "SUPPORTED_ARCHITECTURES": "model.config", "Tokenizer": "model.tokenizer",
+    "Model": "model.transformer", "ModelConfig": "header.model_config", "UnsupportedModelError": "header.model_config",
+    "ARCHITECTURES": "header.support", "Tokenizer": "model.tokenizer",
     # KV cache
     "KVSpec": "kv.formats", "KV_NAMES": "kv.formats", "KVShape": "kv.sizes", "kv_bytes_per_token": "kv.sizes",
     # attention

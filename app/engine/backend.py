@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
+from .kv.formats import CacheFileError  # noqa: F401  (part of the backend protocol)
+
 # ---- Configuration ---------------------------------------------------------
 
 
@@ -46,7 +48,7 @@ class SamplingParams:
 class GenerationStats:
     """Timings and costs of the last generation, filled by the backend as it runs.
 
-    The cost fields are what one decode step reads (DESIGN: performance is counted in bytes):
+    The cost fields are what one decode step reads (performance is counted in bytes moved):
     the weights it streams and the KV bytes it reads at this context, as the engine counts
     them (sparse attention reads only the blocks it attends). The window's live GB/s is
     ``read_gb_s``, not a guess from the text stream."""
@@ -138,15 +140,6 @@ class Prefix:
     saved_bytes: int = 0
     rejected: str = ""
     save_error: str = ""
-
-
-class CacheFileError(ValueError):
-    """A persisted KV cache that cannot be used (the message names the file and the problem;
-    ``path`` is the file, where known)."""
-
-    def __init__(self, message: str, path: Path | None = None):
-        super().__init__(message)
-        self.path = path
 
 
 # ---- Protocol --------------------------------------------------------------

@@ -17,7 +17,7 @@ from .kv import files as kv_files
 from .kv.formats import KVSpec
 from .kv.sizes import KVShape, kv_bytes_per_token, kv_read_bytes_per_token
 from .model.chat import render_chat
-from .model.support import blocked_cache
+from .kv.formats import blocked_cache
 from .model.tokenizer import Tokenizer
 from .model.transformer import Model
 from .sampling import Sampler
@@ -32,16 +32,17 @@ class EllmBackend:
 
     name = "ellm"
 
-    def __init__(self, model_path: str | Path, n_ctx: int = 8192, n_threads: int | None = None,
+    def __init__(self, model_path: str | Path, n_ctx: int = 8192, n_threads=None,
                  prefill_chunk: int = PREFILL_CHUNK, numa: str = "distribute", pin: bool = True,
                  kv: str = "f16", attention: str | SparseConfig = "dense", planes_dir: str | Path | None = None,
                  documents: bool = False):
-        """kv: a KV setting name (app/engine/kv/formats.py); attention: a mode of attention/config.py
-        MODES or a SparseConfig; documents: the backend answers about documents. Which cache that takes is
-        model/support.py ``blocked_cache``'s rule: f16 + dense without documents keeps llama.cpp's
-        cache and numerics, anything else the blocked cache (app/engine/kv/blocked.py).
-        planes_dir: where the repacked weights are kept between starts (quant/planes_file.py;
-        None: repacked at every start)."""
+        """n_threads: a count (0 or None: one per physical core) or a cpu/plan.py ThreadPlan made
+        by the caller (app/runtime's run plan); kv: a KV format (app/engine/kv/formats.py);
+        attention: a mode of attention/config.py MODES or a SparseConfig; documents: the backend
+        answers about documents. Which cache that takes is kv/formats.py ``blocked_cache``'s rule:
+        f16 + dense without documents keeps llama.cpp's cache and numerics, anything else the
+        blocked cache (app/engine/kv/blocked.py). planes_dir: where the repacked weights are kept
+        between starts (quant/planes_file.py; None: repacked at every start)."""
         self.model_path = str(model_path)
         self.n_threads = n_threads
         self._thread_plan = _plan_threads(n_threads, numa)
@@ -61,7 +62,7 @@ class EllmBackend:
                                      documents)
         self.cache = self.model.new_cache(self.n_ctx, self.kv_spec if self.blocked else None)
         # How the current question reads the blocked cache (votes, selections, attention mass).
-        self.state = AttentionState(self._reading()) if self.blocked else None
+        self.state = AttentionState(self._sparse_for_context()) if self.blocked else None
         self.capabilities = Capabilities(prefix_files=self.blocked, composes=self.blocked,
                                          attended_blocks=self.blocked,
                                          focus=self.blocked and self.attention.mode != "dense", beside=self.blocked)
@@ -354,7 +355,7 @@ class EllmBackend:
             before = self.cache_signature()
             self.cache.reserve(n_ctx)
             self.n_ctx = n_ctx
-            self.state.config = self._reading()
+            self.state.config = self._sparse_for_context()
             if self.cache_signature() != before:
                 self.cache.clear()
 
@@ -362,7 +363,7 @@ class EllmBackend:
         """The model's trained context (this context where the file does not say)."""
         return self.model.config.context_length or self.n_ctx
 
-    def _reading(self) -> SparseConfig:
+    def _sparse_for_context(self) -> SparseConfig:
         """How attention reads a context of this backend's size (SparseConfig.for_context)."""
         return self.attention.for_context(self.n_ctx, self._trained())
 
@@ -371,7 +372,7 @@ class EllmBackend:
 
     def attended_blocks(self, limit: int = 8) -> list[tuple[int, int, float]]:
         """The blocks that received the most attention mass during the last generation:
-        (first token, end token, share of the mass), largest first. Empty for the dense
+        (first token, end token, share of the mass), largest first. Empty for the contiguous
         f16 cache."""
         if not self.blocked:
             return []
@@ -414,12 +415,14 @@ def _checked(file: CacheFile, read):
 # ---- Threads -------------------------------------------------------------------------------
 
 
-def _plan_threads(n_threads: int | None, numa: str = "distribute"):
+def _plan_threads(n_threads, numa: str = "distribute"):
     """The thread plan of app/engine/cpu/plan.py (one thread per physical core by default), or
-    the bare count where /sys cannot be read."""
-    from .cpu.plan import plan_threads
+    the bare count where /sys cannot be read; a plan made by the caller is taken as it is."""
+    from .cpu.plan import ThreadPlan, plan_threads
     from .cpu.topology import read_topology
 
+    if isinstance(n_threads, ThreadPlan):
+        return n_threads
     try:
         return plan_threads(read_topology(), threads=n_threads or 0, numa_policy=numa)
     except (OSError, ValueError):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from .attention.state import AttentionState
-from .kv.dense import KVCache
+from .kv.contiguous import KVCache
 from .model.transformer import Model
 from .sampling import Sampler
 

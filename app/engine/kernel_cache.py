@@ -3,8 +3,8 @@
 Why: numba checks a cached kernel against the file that defines it, not against the functions it
 inlined from other files. The engine's kernels inline their lanes, exp and reductions from ops/
 and attention/ggml_lanes.py, so after an upgrade that changed only those, a kernel from the old
-cache would keep the old numerics without a word (measured: SwiGLU kept the AVX2 exp after
-ops/expf.py changed until its cache was deleted). Keying the folder on a hash of every source file
+cache would keep the old numerics without a word (SwiGLU, for one, would keep the old exp after
+ops/expf.py changed, until its cache was deleted). Keying the folder on a hash of every source file
 of the engine makes any change start a fresh cache.
 
 The folder is ``$NUMBA_CACHE_DIR/<key>`` where a person set NUMBA_CACHE_DIR, else

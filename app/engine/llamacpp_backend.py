@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 from .backend import CacheFile, Capabilities, GenerationStats, Prefix, SamplingParams
 from .kv.sizes import LLAMACPP_KV_TYPES, KVShape, llamacpp_kv_bytes_per_token
 from .model.chat import render_chat
-from .model.gguf_file import scan_gguf
+from .header.gguf_file import scan_gguf
 
 _quiet_callback = None
 
@@ -111,7 +111,7 @@ class LlamaCppBackend:
         quantized V cache needs flash attention, which is on by default exactly then.
         pin_cpus: run one thread pinned on each of these CPUs (llamacpp_threads.py; the
         benchmark pins both engines alike), instead of ``n_threads`` placed by the OS."""
-        import llama_cpp  # imported here: loading the shared library costs ~0.3 s
+        import llama_cpp  # imported here: only this engine pays for loading the shared library
 
         if kv not in LLAMACPP_KV_TYPES:
             raise ValueError(f"unknown KV setting {kv!r}: use one of {', '.join(LLAMACPP_KV_TYPES)}")

@@ -282,10 +282,10 @@ def _ingest(store: Store, paths: Iterable[str | os.PathLike], count_tokens: Toke
             if progress:
                 progress(IngestEvent(i - 1, total, cand.path, "reading", what, pages=pages))
 
-        watch = docs.ReadWatch(progress=page_progress, cancel=cancel or (lambda: False))
+        watch = docs.ExtractWatch(progress=page_progress, cancel=cancel or (lambda: False))
         try:
             event = _ingest_one(store, cand, i, total, count_tokens, watch)
-        except docs.ReadCancelled:
+        except docs.ExtractCancelled:
             report.cancelled = True
             return report
         emit(event, sizes[i - 1])
@@ -312,7 +312,7 @@ GONE = "file disappeared while it was being read (moved or deleted?); ingest aga
 
 
 def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tokens: TokenCounter,
-                watch: docs.ReadWatch = docs.NO_WATCH) -> IngestEvent:
+                watch: docs.ExtractWatch = docs.NO_WATCH) -> IngestEvent:
     path = cand.path
     old = store.document_by_path(path)
     base = {"path": path, "folder": cand.folder}
@@ -360,8 +360,8 @@ def _ingest_one(store: Store, cand: Candidate, index: int, total: int, count_tok
                            old["tokens"])
 
     try:
-        document = docs.read(path, watch)
-    except docs.ReadCancelled:
+        document = docs.extract(path, watch)
+    except docs.ExtractCancelled:
         raise
     except docs.DocumentError as e:
         if not os.path.lexists(path):

@@ -256,7 +256,7 @@ class _Job:
         (READ_AT_ONCE), and, asked alone, whose whole text fits the context (one that does not is
         answered from its most relevant pages, qa/pages.py, which reading would not change; among
         several, one that does not fit gives passages, Session.question_tokens). None on a
-        backend that keeps no prefix files (llama.cpp, Gemma 3's dense cache): nothing read stays
+        backend that keeps no prefix files (llama.cpp, Gemma 3's contiguous cache): nothing read stays
         read there, so every question reads its documents, as it always has."""
         if not self.backend.capabilities.prefix_files:
             return []           # nothing stays read on this backend: every question reads its documents

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from app.engine.backend import Backend, CacheFile
-from app.engine.model.gguf_file import model_fingerprint
+from app.engine.header.gguf_file import model_fingerprint
 from app.qa.cache_budget import FILE_OVERHEAD, CacheBudget, Room, holding
 from app.settings import Settings
 from app.store import Store

@@ -6,7 +6,7 @@ the retrieval the usual document apps answer from would have read.
 Why: with sparse attention over a read document, the question's votes choose the blocks an
 answer reads (app/engine/attention/votes.py), and beyond the model's trained window the document
 itself was read sparsely too. There, on two Debian manuals of 42K and 46K tokens, the answers were
-right 17 of 23 times with these passages read and 12 of 23 without (README, "Sparse attention").
+right 17 of 23 times with these passages read and 12 of 23 without (docs/benchmarks.md).
 The engine reads the focus blocks besides its top K, in every layer and head (``Backend.focus``),
 and beyond the trained window lays them out nearest the question (engine/attention/select.py);
 dense attention reads everything and needs none.

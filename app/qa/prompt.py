@@ -5,7 +5,7 @@ not depend on the question, so its KV cache is computed once per document (qa/do
 it is padded with blank lines to whole KV blocks, so that several documents' caches can sit
 side by side (qa/across.py). The blank lines go before the pages, never between the pages and
 the question: up to a block of lone newlines just before the question cost the 1.5B model three
-of twelve answers on the FHS (README, "Measuring answer quality").
+of twelve answers on the FHS (docs/benchmarks.md).
 """
 from __future__ import annotations
 

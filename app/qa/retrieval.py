@@ -20,7 +20,7 @@ from app.store import Store
 
 PASSAGES = 6             # chunks of ~800 characters (the apps take six of ~1,000): on the tuning half they
                          # held 58 of the 59 questions' facts (eight held all 59) in a prompt short enough
-                         # for a first answer within 30 s on two cores (docs/benchmarks.md, "Retrieval")
+                         # for a quick first answer on a small CPU (docs/benchmarks.md, "Retrieval")
 CANDIDATES = 4           # chunks ranked per passage kept (the same chunk text may repeat)
 
 

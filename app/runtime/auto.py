@@ -2,7 +2,7 @@
 has chosen none of them (``Settings`` n_ctx 0, kv "auto", attention "auto"). Whatever a person
 did choose is kept as chosen.
 
-The rules (README, "Automatic settings", gives the figures behind them):
+The rules (docs/benchmarks.md gives the figures behind them):
 
 * context: the whole of the documents asked about (their text and page markers), plus the
   question, the passages shown again beside it (qa/answer.py) and the answer, rounded up to
@@ -20,9 +20,9 @@ The rules (README, "Automatic settings", gives the figures behind them):
   with the engine's attended passages as citations (Qwen2.5-1.5B: 28 KiB per token, a 33K-token
   manual 0.95 GB). Only where f16 would not hold the whole document in free memory does it fall
   back to ``SMALL_KV`` (8-bit keys per channel, 8-bit values per token: 14.5 KiB per token),
-  chosen over k8v4 because it changes the model's predictions five times less (README, "KV
-  cache"); reading the whole document in k8v8 beats reading part of it in f16. On the FHS the
-  defaults answered 11 of 12 right in f16 (README, "Measuring answer quality").
+  chosen over k8v4 because it changes the model's predictions five times less
+  (docs/benchmarks.md); reading the whole document in k8v8 beats reading part of it in f16. On
+  the FHS the defaults answered 11 of 12 right in f16 (docs/benchmarks.md).
 * attention: within the model's trained window the document and the question are read densely
   (every token reads every earlier one: the model's own reading of the whole document, one cache
   file with "dense"), and from ``SPARSE_DECODE_FROM`` document tokens on the answer's tokens read
@@ -32,8 +32,7 @@ The rules (README, "Automatic settings", gives the figures behind them):
   cache is small beside the weights). Beyond the trained window "sparse-decode" too: the document
   read as "sparse" reads it (dense attention would run the model at positions it never saw; the
   same cache file), and the answer from 64 voted blocks rather than sparse's 16 (the right
-  answer's words likelier on the two manuals measured past the window: README, "Sparse
-  attention").
+  answer's words likelier on the two manuals measured past the window: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.kv.sizes import KVShape, kv_bytes_per_token, max_context
-from app.engine.model.support import DENSE_ONLY
+from app.engine.header.support import DENSE_ONLY
 from app.runtime.model_files import mem_available, scan_gguf
 
 AUTO = "auto"
@@ -50,7 +49,7 @@ SMALL_KV = "k8v8"     # the automatic KV format where f16 would not hold the who
 CONTEXT_STEP = 4096          # automatic contexts are multiples of this (fewer backend reloads)
 MIN_AUTO_CONTEXT = 4096
 NO_DOCUMENT_CONTEXT = 8192   # a completion without documents
-SPARSE_DECODE_FROM = 8192   # document tokens from which answers read the voted blocks (README, "Automatic settings")
+SPARSE_DECODE_FROM = 8192   # document tokens from which answers read the voted blocks (docs/benchmarks.md)
 PROMPT_ROOM = 512            # system prompt, question, chat template and the padding to whole KV blocks
 ANSWER_FLOOR = 256           # answer tokens a document inside the trained context leaves at least
 BESIDE_ROOM = 2048           # the passages shown again beside the question (qa/answer.py, qa/retrieval.py)
@@ -97,7 +96,7 @@ def choose(settings, model_path: Path, engine: str, doc_tokens: int | None = Non
 
 def document_attention(blocked: bool, n_ctx: int, trained: int, doc_tokens: int) -> str:
     """The automatic attention: dense attention's prompt and answer for short documents and on the
-    dense cache, the document read densely and the answer from the blocks the question chose
+    contiguous cache, the document read densely and the answer from the blocks the question chose
     ("sparse-decode") from SPARSE_DECODE_FROM tokens within the trained window; beyond it too,
     where "sparse-decode" reads the document as "sparse" does (SparseConfig.for_context)."""
     if not blocked:

@@ -26,6 +26,10 @@ GIB = 2 ** 30
 MIB = 2 ** 20
 DOWNLOADS = ".downloads"      # under the models folder: wheels being fetched (kept to resume)
 TYPICAL_CONTEXT = 32_768      # the context "RAM needed" is quoted for (f16 KV cache)
+MEMORY_MARGIN_BYTES = 256 * 2**20
+"""Besides weights and KV cache a loaded model needs working buffers (logits of a batch,
+attention scratch): this much plus MEMORY_MARGIN_SHARE of the file."""
+MEMORY_MARGIN_SHARE = 0.10
 
 
 class InstallError(Exception):
@@ -52,9 +56,7 @@ class CatalogModel:
     @property
     def ram_needed(self) -> int:
         """Weights, an f16 KV cache of TYPICAL_CONTEXT tokens (or the trained context, if
-        shorter), and the working buffers the memory check adds (runtime/model_files.py)."""
-        from app.runtime.model_files import MEMORY_MARGIN_BYTES, MEMORY_MARGIN_SHARE
-
+        shorter), and the working buffers (MEMORY_MARGIN_*) the memory check adds."""
         context = min(TYPICAL_CONTEXT, self.context_length)
         return (self.file_size + self.kv_bytes_per_token * context + MEMORY_MARGIN_BYTES
                 + int(MEMORY_MARGIN_SHARE * self.file_size))

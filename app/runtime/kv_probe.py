@@ -1,5 +1,5 @@
 """The KV quality probe of a document: how much a KV format changes the model's predictions
-on the document's first tokens (the engine's kv/probe.py), for ``ellm kv-probe`` and the
+on the document's first tokens (the engine's model/kv_probe.py), for ``ellm kv-probe`` and the
 settings dialog's *KV quality probe*."""
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ def probe_tokens(tokenizer, text: str, limit: int) -> list[int]:
 def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PROBE_TOKENS, threads: int = 0,
                    numa: str = "distribute", progress: Callable[[int, int], None] | None = None,
                    cancel: Callable[[], bool] | None = None):
-    """Run the KV probe (app/engine/kv/probe.py) of ``kv`` against f16 on the first ``limit``
+    """Run the KV probe (app/engine/model/kv_probe.py) of ``kv`` against f16 on the first ``limit``
     tokens of ``doc`` (a store row) with the model at ``model_path``. Returns its
     ProbeResult, or None if cancelled; raises ProbeError saying what to change."""
-    from app.engine.model.config import SUPPORTED_ARCHITECTURES
-    from app.engine.model.support import DENSE_ONLY
+    from app.engine.header.model_config import ARCHITECTURES
+    from app.engine.header.support import DENSE_ONLY
     from app.runtime.engines import thread_plan
     from app.runtime.model_files import ModelError, scan_gguf
 
@@ -56,9 +56,9 @@ def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PRO
         arch = scan_gguf(model_path).architecture
     except ModelError as e:
         raise ProbeError(str(e)) from e
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in ARCHITECTURES:
         raise ProbeError(f"{model_path.name}: the KV probe runs on eLLM's own engine, which implements "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)} models, not '{arch}'; choose such a model")
+                         f"{', '.join(ARCHITECTURES)} models, not '{arch}'; choose such a model")
     if arch in DENSE_ONLY:
         raise ProbeError(f"{model_path.name}: the KV probe compares the blocked cache's formats, which do not "
                          f"implement the sliding-window layers of '{arch}'; choose another model")
@@ -66,7 +66,7 @@ def probe_document(store, doc: dict, model_path: Path, kv: str, limit: int = PRO
     if not text.strip():
         raise ProbeError(f"{doc['path']}: the document has no text to probe")
     from app.engine.cpu.pinning import apply
-    from app.engine.kv.probe import probe
+    from app.engine.model.kv_probe import probe
     from app.engine.model.tokenizer import Tokenizer
     from app.engine.model.transformer import Model
 

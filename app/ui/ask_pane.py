@@ -82,11 +82,11 @@ class AskPane(QWidget):
         self.question = QLineEdit()
         self.question.setObjectName("question")
         self.question.setPlaceholderText("Ask a question about the whole document…")
-        self.question.returnPressed.connect(self._ask)
+        self.question.returnPressed.connect(self.submit)
         self.ask_button = QPushButton("Ask")
         self.ask_button.setObjectName("primary")
         self.ask_button.setToolTip("Ask (Ctrl+Return)")
-        self.ask_button.clicked.connect(self._ask)
+        self.ask_button.clicked.connect(self.submit)
         self.stop_button = QPushButton("Stop")
         self.stop_button.setToolTip("Stop the answer (Esc)")
         self.stop_button.setEnabled(False)
@@ -271,12 +271,13 @@ class AskPane(QWidget):
         self.show_thread([])
         self.answer.setHtml(f'<p style="color:#6b7280">{html.escape(text)}</p>' if text else "")
 
-    # ---- Internals -------------------------------------------------------------
-
-    def _ask(self) -> None:
+    def submit(self) -> None:
+        """Ask the question in the box (the Ask button, Return, and the window's Ctrl+Return)."""
         q = self.question.text().strip()
         if q and self.ask_button.isEnabled():
             self.sig_ask.emit(q)
+
+    # ---- Internals -------------------------------------------------------------
 
     def _fill(self, widget: QListWidget, citations: list[dict]) -> None:
         widget.clear()

@@ -102,7 +102,7 @@ class BatchTab(QWidget):
 
     def run(self) -> Job | None:
         """Start (or resume) the batch the tab describes."""
-        from app.batch.driver import largest_document, run_batch, session_spec
+        from app.batch.driver import run_batch, session_spec
         from app.batch.pools import LocalPool, size_workers
         from app.batch.worker import DocumentWorker
         from app.runtime.engines import thread_plan
@@ -128,7 +128,6 @@ class BatchTab(QWidget):
             s = session.settings
             workers, threads = size_workers(workers, s.threads, thread_plan(0, s.numa).count)
             spec = session_spec(session, name, target.doc_ids, tasks, session.sampling(), threads)
-            largest = largest_document(session, target.doc_ids)   # what spec.engine is sized for
         except Exception as e:  # a setting or model a person can fix
             self.sig_error.emit(str(e))
             return None
@@ -136,7 +135,7 @@ class BatchTab(QWidget):
 
         def work(ctl: JobControl):
             if workers == 1:  # the window's own engine: no second copy of the model in memory
-                pool = LocalPool(DocumentWorker(spec.engine, backend=session.backend(largest)))
+                pool = LocalPool(DocumentWorker(spec.engine, backend=session.batch_backend(target.doc_ids)))
             else:
                 from app.batch.ray_pool import RayPool
 
@@ -206,7 +205,7 @@ class BatchTab(QWidget):
             self.export_to(path)
 
     def export_to(self, path: str):
-        from app.batch.export import BatchExportError, export_rows, write_results
+        from app.batch.results_file import BatchExportError, export_rows, write_results
         from app.store import batches
 
         if not self.batch_id:

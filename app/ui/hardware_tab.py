@@ -60,7 +60,7 @@ class HardwareTab(QWidget):
             tokens = [d["tokens"] for d in session.store.documents() if d["status"] == "ingested"]
             kv = s.kv
             if kv == "auto":
-                kv = session.chosen().kv if model is not None else "f16"
+                kv = session.plan().kv if model is not None else "f16"
             report = hardware_report(model_path=model, kv=kv, doc_tokens=tokens,
                                      threads=s.threads, numa_policy=s.numa, probe_bandwidth=probe_bandwidth,
                                      context=s.n_ctx or None)

@@ -25,7 +25,7 @@ from app.ui.batch_tab import BatchTab
 from app.ui.conversations import ConversationsMixin
 from app.ui.hardware_tab import HardwareTab
 from app.ui.library import FolderWatcher, LibraryPane
-from app.ui.reader import ReadAhead
+from app.ui.read_ahead import ReadAhead
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.summary_pane import SummaryPane
 from app.ui.viewer import DocumentViewer
@@ -137,7 +137,7 @@ class MainWindow(ConversationsMixin, QMainWindow):
         self.settings_action = action("Settings…", "Ctrl+,", self.open_settings, "Model, engine, context, threads")
         self.pause_reading_action = action("Pause reading", "Ctrl+Shift+P", self.toggle_reading,
                                            "Pause or resume reading documents into their caches in the background")
-        self.ask_action = action("Ask", "Ctrl+Return", self.ask_pane._ask, in_toolbar=False)
+        self.ask_action = action("Ask", "Ctrl+Return", self.ask_pane.submit, in_toolbar=False)
         self.stop_action = action("Stop", Qt.Key_Escape, self.stop, in_toolbar=False)
         self.zoom_in_action = action("Zoom in", QKeySequence.ZoomIn, self.viewer.zoom_in, in_toolbar=False)
         self.zoom_out_action = action("Zoom out", QKeySequence.ZoomOut, self.viewer.zoom_out, in_toolbar=False)
@@ -286,8 +286,6 @@ class MainWindow(ConversationsMixin, QMainWindow):
     def ask(self, question: str) -> Job | None:
         """Ask ``question`` about the ask pane's target: one document, several, a folder or
         everything, in one generation, by the answer service `ellm ask` uses (app/qa/answer.py)."""
-        from app.qa.answer import answer
-
         if self.ask_job is not None:
             return self.ask_job
         if self.batch_tab.uses_window_engine():
@@ -315,10 +313,9 @@ class MainWindow(ConversationsMixin, QMainWindow):
 
         def work(ctl: JobControl):
             with session.engine_lock:
-                return answer(session.store, session.backend(session.question_tokens(ids)), question, ids,
-                              session.sampling(), model_name=session.model_path.name, on_text=ctl.text,
-                              on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
-                              cancel=ctl.cancelled, progress=ctl.progress, conversation=conv)
+                return session.ask(question, ids, on_text=ctl.text,
+                                   on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
+                                   cancel=ctl.cancelled, progress=ctl.progress, conversation=conv)
 
         job = Job(work)
         job.signals.sig_text.connect(self._streamed)

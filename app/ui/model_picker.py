@@ -4,7 +4,7 @@ the work, as `ellm models available` and `ellm models install` do).
 
 The predicted speed is the rate this machine's weight kernels stream a Q4_K_M model's bytes
 (engine/quant/stream_probe.py) over the bytes a decode step reads (every weight once): a ceiling
-that decode reaches to ~80 %, where the memory's read bandwidth was up to twice what decode got.
+that decode comes close to, unlike the memory's read bandwidth (stream_probe.py says why).
 The rate is measured once, in the background, when the picker opens, on the engine's threads.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The settings dialog: model, engine, context, KV precision, attention, sampling,
-threads and NUMA policy, and the local API server. It edits an ``app.config.Settings`` and saves it through
+"""The settings dialog: model, engine, context, KV format, attention, sampling,
+threads and NUMA policy, and the local API server. It edits an ``app.settings.Settings`` and saves it through
 the session; the defaults are Settings' own (one table). The KV quality probe
 (``ellm kv-probe``) runs from here on a document, in the background."""
 from __future__ import annotations
@@ -19,9 +19,8 @@ from app.ui.widgets import info_label
 from app.ui.workers import Job, start
 
 ENGINE_LABELS = {"auto": "Automatic (eLLM when it runs the model)", "ellm": "eLLM", "llamacpp": "llama.cpp"}
-KV_PRECISIONS = KV_SETTINGS
-KV_TIPS = {"auto": "eLLM chooses: f16, or k8v8 where memory holds the whole document only in it (README, "
-                   "\"Automatic settings\")",
+KV_TIPS = {"auto": "eLLM chooses: f16, or k8v8 where memory holds the whole document only in it "
+                   "(docs/engine.md, \"Automatic settings\")",
            "f16": "16-bit keys and values (exact)", "k8v8": "8-bit keys and values",
            "k8v4": "8-bit keys, 4-bit values (the usual trade: keys are more sensitive)",
            "k4v4": "4-bit keys and values (smallest)"}
@@ -44,7 +43,7 @@ SPARSE_FIELDS = (
                                   "question's votes"),
 )
 SPARSE_FIXED = "the engine's default; `ellm bench --sinks --window --top-k` measures others"
-KV_PROBE_TIP = ("Compares the chosen KV precision with f16 on the first 4096 tokens of the selected document "
+KV_PROBE_TIP = ("Compares the chosen KV format with f16 on the first 4096 tokens of the selected document "
                 "(the first one when none is selected): how much the model's next-token predictions change")
 API_TIP = ("Other programs on this computer (editors, scripts, notebooks, OpenAI clients) can ask about your "
            "documents through it; it listens on 127.0.0.1 only, so nothing beyond this computer can reach it")
@@ -160,7 +159,7 @@ class SettingsDialog(QDialog):
         attention = QGroupBox("KV cache and attention")
         form = QFormLayout(attention)
         self.kv = QComboBox()
-        for i, name in enumerate(KV_PRECISIONS):
+        for i, name in enumerate(KV_SETTINGS):
             self.kv.addItem(name, name)
             self.kv.setItemData(i, KV_TIPS[name], Qt.ToolTipRole)
         self.kv.setToolTip(KV_NOW)
@@ -171,7 +170,7 @@ class SettingsDialog(QDialog):
         self.kv_probe_button.setToolTip(KV_PROBE_TIP)
         self.kv_probe_button.clicked.connect(self.toggle_probe)
         row.addWidget(self.kv_probe_button)
-        form.addRow("KV precision", row)
+        form.addRow("KV format", row)
         self.probe_progress = QProgressBar()
         self.probe_progress.setVisible(False)
         form.addRow("", self.probe_progress)

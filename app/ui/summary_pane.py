@@ -100,8 +100,6 @@ class SummaryPane(QWidget):
         self._update_buttons()
 
     def summarize(self) -> Job | None:
-        from app.qa.summarize import summarize
-
         if self.doc is None:
             self.sig_error.emit("Select a document in the library first.")
             return None
@@ -117,9 +115,7 @@ class SummaryPane(QWidget):
 
         def work(ctl: JobControl):
             with session.engine_lock:
-                backend = session.backend(session.doc_tokens([doc_id]))
-                return summarize(session.store, backend, doc_id, session.sampling(),
-                                 model_name=session.model_path.name, progress=ctl.progress, cancel=ctl.cancelled)
+                return session.summarize(doc_id, progress=ctl.progress, cancel=ctl.cancelled)
 
         job = Job(work)
         job.signals.sig_progress.connect(self._progress)

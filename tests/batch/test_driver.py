@@ -9,7 +9,7 @@ import json
 import pytest
 
 from app.batch.driver import pending, run_batch
-from app.batch.export import BatchExportError, export_rows, format_for, write_results
+from app.batch.results_file import BatchExportError, export_rows, format_for, write_results
 from app.batch.pools import LocalPool
 from app.batch.spec import SUMMARY, BatchSpec, EngineSpec, tasks_from
 from app.batch.worker import DocumentWorker

@@ -147,15 +147,12 @@ def test_a_document_not_read_yet_is_answered_from_passages_unless_whole(cli, tmp
     """eLLM's engine keeps what it reads: the first question about a long document not read yet
     answers at once from its best passages and says so; --whole reads it first, and then the
     next question uses the whole document."""
-    from app.runtime import engines
-
     folder = tmp_path / "docs"
     folder.mkdir()
     filler = "The harbour log notes the tides, the nets and the gulls of an ordinary day. " * 30
     make_text(folder / "log.txt", "Harbour Log\n\n" + filler * 3 + "The keeper's dog was called Biscuit.\n\n"
               + filler * 3)
     assert cli("ingest", str(folder))[0] == 0
-    engines._cache.clear()
     ellm = ("--engine", "ellm", "--greedy", "--max-tokens", "8")
     rc, first, _ = cli("--json", "ask", "What was the keeper's dog called?", "--doc", "log.txt", *ellm, json_out=True)
     assert rc == 0 and first["answered_from"] == "passages" and first["timings"]["kv_cache"] == "none"
@@ -166,6 +163,5 @@ def test_a_document_not_read_yet_is_answered_from_passages_unless_whole(cli, tmp
     rc, whole, err = cli("--json", "ask", "What was the keeper's dog called?", "--doc", "log.txt", *ellm, "--whole",
                          json_out=True)
     assert rc == 0 and whole["answered_from"] == "document" and "reading Harbour Log" in err
-    engines._cache.clear()
     rc, later, _ = cli("--json", "ask", "Who kept the log?", "--doc", "log.txt", *ellm, json_out=True)
     assert rc == 0 and later["answered_from"] == "document" and later["timings"]["kv_cache"] == "hit"

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from app.runtime import engines as backends
 from app.qa.answer import answer
 from app.settings import Paths
 from app.engine.kv.files import read_header
@@ -18,9 +17,7 @@ SETTINGS = {"engine": "ellm", "kv": "k8v4", "attention": "sparse", "n_ctx": 2048
 def session(cli, corpus, data_dir):
     rc, _, _ = cli("ingest", str(corpus))
     assert rc == 0
-    backends._cache.clear()           # every test starts as a fresh process would
-    yield Session(Paths.resolve(data_dir), SETTINGS)
-    backends._cache.clear()
+    return Session(Paths.resolve(data_dir), SETTINGS)    # a fresh session: nothing loaded, as a new process
 
 
 def _ask(session, question: str, doc: str = "treaty.pdf"):
@@ -45,7 +42,7 @@ def test_a_document_prefix_is_computed_once_and_reused(session):
     t = second.timings
     assert t["reused_prompt_tokens"] >= rows[0]["tokens"] and t["prompt_tokens"] - t["reused_prompt_tokens"] < 64
 
-    backends._cache.clear()           # a new process: the prefix comes from the file
+    session.backends.clear()           # a new process: the prefix comes from the file
     again, _ = _ask(session, "Who kept the lamp burning?")
     assert again.timings["kv_cache"] == "hit"
     assert again.answer == first.answer
@@ -57,7 +54,7 @@ def test_a_corrupt_cache_file_is_rebuilt_not_used(session):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x5A
     path.write_bytes(bytes(data))
-    backends._cache.clear()
+    session.backends.clear()
     again, _ = _ask(session, "Who kept the lamp burning?")
     assert again.timings["kv_cache"] == "miss"
     assert again.answer == first.answer
@@ -71,7 +68,6 @@ def test_a_changed_setting_or_document_gets_a_new_cache(session, cli, corpus):
     _ask(session, "What do owls eat?", doc="owls")
     assert len(_cache_files(session)) == 2
     other = Session(session.paths, {**SETTINGS, "kv": "k8v8"})
-    backends._cache.clear()
     a = answer(other.store, other.backend(), "Who kept the lamp?", [other.store.find_documents("treaty.pdf")[0]["id"]],
             other.sampling(greedy=True, max_tokens=4))
     assert a.timings["kv_cache"] == "miss"
@@ -79,11 +75,11 @@ def test_a_changed_setting_or_document_gets_a_new_cache(session, cli, corpus):
     # Editing a document replaces its cache; the other documents' caches stay.
     notes = corpus / "notes.txt"
     notes.write_text("Meeting notes\n\nThe budget for 2026 is 15 million euros.\n")
-    backends._cache.clear()
+    session.backends.clear()
     _ask(session, "What is the budget?", doc="notes.txt")
     owls_before = [p for p in _cache_files(session) if p.name.startswith(f"doc{session.store.find_documents('owls')[0]['id']}-")]
     assert cli("ingest", str(corpus))[0] == 0
-    backends._cache.clear()
+    session.backends.clear()
     b, _ = _ask(session, "What is the budget?", doc="notes.txt")
     assert b.timings["kv_cache"] == "miss"
     files = _cache_files(session)

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from app.runtime import engines as backends
+from app.runtime import engines
 from app.runtime.auto import AUTO_KV
 from app.settings import Paths
 from app.qa.across import ROOM
@@ -28,9 +28,7 @@ def folder(tmp_path, cli):
             pages[1] = FILLER[:200] + FACT + FILLER[200:]
         make_pdf(folder / f"minutes{i}.pdf", pages, title=f"Minutes {i}")
     assert cli("ingest", str(folder))[0] == 0
-    backends._cache.clear()
     yield folder
-    backends._cache.clear()
 
 
 def _session(data_dir, **extra):
@@ -63,7 +61,7 @@ def test_adding_a_document_invalidates_nothing_else(folder, data_dir, cli):
     before = {p.name: p.stat().st_mtime_ns for p in (s.paths.cache_dir / "kv").glob("*.kv")}
     make_pdf(folder / "minutes9.pdf", [FILLER], title="Minutes 9")
     assert cli("ingest", str(folder))[0] == 0
-    backends._cache.clear()
+    s.backends.clear()
     again = answer(s.store, s.backend(), "What is on the agenda?", _ids(s, folder),
                      s.sampling(greedy=True, max_tokens=4))
     after = {p.name: p.stat().st_mtime_ns for p in (s.paths.cache_dir / "kv").glob("*.kv")}
@@ -106,22 +104,18 @@ def test_with_the_defaults_a_question_across_eight_documents_reads_every_one(tmp
         pages = [FILLER, FILLER[:200] + FACT + FILLER[200:] if i == 5 else FILLER]
         make_pdf(folder / f"minutes{i}.pdf", pages, title=f"Minutes {i}")
     assert cli("ingest", str(folder))[0] == 0
-    backends._cache.clear()
-    try:
-        s = Session(Paths.resolve(data_dir))                 # the defaults
-        ids = _ids(s, folder)
-        chosen = s.chosen(s.doc_tokens(ids))
-        assert (chosen.kv, chosen.attention, chosen.note) == (AUTO_KV, "dense", "")
-        backend = s.backend(s.doc_tokens(ids))
-        assert backend.name == "ellm" and backend.n_ctx >= chosen.wanted
-        a = answer(s.store, backend, "What is the secret password of the harbour master?", ids,
-                   s.sampling(greedy=True, max_tokens=12))
-        assert [c["doc"] for c in a.considered] == ids and a.note == ""
-        assert a.timings["prompt_tokens"] > 8 * 2 * 100          # both pages of all eight documents
-        holder = s.store.find_documents("minutes5.pdf")[0]["id"]
-        assert (a.citations[0]["doc"], a.citations[0]["page"]) == (holder, 2)
-    finally:
-        backends._cache.clear()
+    s = Session(Paths.resolve(data_dir))                 # the defaults
+    ids = _ids(s, folder)
+    chosen = s.plan(s.doc_tokens(ids))
+    assert (chosen.kv, chosen.attention, chosen.note) == (AUTO_KV, "dense", "")
+    backend = s.backend(s.doc_tokens(ids))
+    assert backend.name == "ellm" and backend.n_ctx >= chosen.wanted
+    a = answer(s.store, backend, "What is the secret password of the harbour master?", ids,
+               s.sampling(greedy=True, max_tokens=12))
+    assert [c["doc"] for c in a.considered] == ids and a.note == ""
+    assert a.timings["prompt_tokens"] > 8 * 2 * 100          # both pages of all eight documents
+    holder = s.store.find_documents("minutes5.pdf")[0]["id"]
+    assert (a.citations[0]["doc"], a.citations[0]["page"]) == (holder, 2)
 
 
 def test_the_automatic_context_counts_documents_by_the_asked_models_tokenizer(tmp_path, cli, data_dir,
@@ -133,7 +127,7 @@ def test_the_automatic_context_counts_documents_by_the_asked_models_tokenizer(tm
     assert cli("ingest", str(tmp_path / "minutes.pdf"))[0] == 0
     s = Session(Paths.resolve(data_dir))
     doc = s.store.documents()[0]
-    first = backends.tokenizer_key(s.model_path)
+    first = engines.tokenizer_key(s.model_path)
     assert s.store.token_count(doc["id"], doc["content_hash"], first) == doc["tokens"] > 0
     assert s.doc_tokens([doc["id"]]) == doc["tokens"] + 2 * 8             # and the page markers
 
@@ -145,19 +139,19 @@ def test_the_automatic_context_counts_documents_by_the_asked_models_tokenizer(tm
         def count(text):
             calls.append(len(text))
             return len(text)
-        count.tokenizer = backends.tokenizer_key(path)
+        count.tokenizer = engines.tokenizer_key(path)
         return count
 
-    monkeypatch.setattr(backends, "token_counter", by_characters)
+    monkeypatch.setattr(engines, "token_counter", by_characters)
     s.save_settings(s.settings.with_(model=str(other)))
     s = Session(Paths.resolve(data_dir))
     chars = sum(len(p["text"]) for p in s.store.pages(doc["id"])) + 2      # the "\n\n" between the two pages
     assert chars > 2 * doc["tokens"]
     assert s.doc_tokens([doc["id"]]) == chars + 2 * 8
-    assert s.store.token_count(doc["id"], doc["content_hash"], backends.tokenizer_key(other)) == chars
+    assert s.store.token_count(doc["id"], doc["content_hash"], engines.tokenizer_key(other)) == chars
     n = len(calls)
     assert s.doc_tokens([doc["id"]]) == chars + 2 * 8 and len(calls) == n   # kept, not counted again
-    assert s.chosen(s.doc_tokens([doc["id"]])).wanted >= chars
+    assert s.plan(s.doc_tokens([doc["id"]])).wanted >= chars
 
 
 def test_a_folder_with_some_documents_read_reads_those_whole_and_the_others_passages(tmp_path, cli, data_dir):
@@ -171,25 +165,20 @@ def test_a_folder_with_some_documents_read_reads_those_whole_and_the_others_pass
     log[7] = FILLER[:200] + FACT + FILLER[200:]
     make_pdf(folder / "log.pdf", log, title="Harbour Log")                               # past READ_AT_ONCE
     assert cli("ingest", str(folder))[0] == 0
-    backends._cache.clear()
-    try:
-        rc, rows, _ = cli("--json", "read", "harbour.pdf", "--engine", "ellm", json_out=True)
-        assert rc == 0 and rows[0]["status"] == "read"
-        backends._cache.clear()                                          # a new process
-        rc, a, _ = cli("--json", "ask", "What is the secret password of the harbour master?", "--folder",
-                       str(folder), "--engine", "ellm", "--greedy", "--max-tokens", "12", json_out=True)
-        assert rc == 0 and a["answered_from"] == "document"
-        assert [c["title"] for c in a["considered"]] == ["Harbour"] and a["timings"]["kv_cache"] == "hit"
-        assert a["note"].startswith("Read whole: Harbour; from the other 1, their best passages (Harbour Log is")
-        s = Session(Paths.resolve(data_dir))          # the context is sized for what it reads: not the log
-        harbour = a["considered"][0]["doc"]
-        assert s.question_tokens(a["documents"]) == s.doc_tokens([harbour]) + PASSAGES_ROOM + ROOM
-        log_id = next(d for d in a["documents"] if d != a["considered"][0]["doc"])
-        assert (log_id, 8) in {(c["doc"], c["page"]) for c in a["citations"]}
-        rc, report, _ = cli("--json", "cache", json_out=True)
-        assert [c["title"] for c in report["caches"]] == ["Harbour"]      # nothing else was read
-    finally:
-        backends._cache.clear()
+    rc, rows, _ = cli("--json", "read", "harbour.pdf", "--engine", "ellm", json_out=True)
+    assert rc == 0 and rows[0]["status"] == "read"
+    rc, a, _ = cli("--json", "ask", "What is the secret password of the harbour master?", "--folder",
+                   str(folder), "--engine", "ellm", "--greedy", "--max-tokens", "12", json_out=True)
+    assert rc == 0 and a["answered_from"] == "document"
+    assert [c["title"] for c in a["considered"]] == ["Harbour"] and a["timings"]["kv_cache"] == "hit"
+    assert a["note"].startswith("Read whole: Harbour; from the other 1, their best passages (Harbour Log is")
+    s = Session(Paths.resolve(data_dir))          # the context is sized for what it reads: not the log
+    harbour = a["considered"][0]["doc"]
+    assert s.question_tokens(a["documents"]) == s.doc_tokens([harbour]) + PASSAGES_ROOM + ROOM
+    log_id = next(d for d in a["documents"] if d != a["considered"][0]["doc"])
+    assert (log_id, 8) in {(c["doc"], c["page"]) for c in a["citations"]}
+    rc, report, _ = cli("--json", "cache", json_out=True)
+    assert [c["title"] for c in report["caches"]] == ["Harbour"]      # nothing else was read
 
 
 def test_on_a_backend_that_keeps_nothing_read_the_context_holds_every_document(folder, data_dir):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from app.runtime import engines
 from app.runtime.auto import AUTO_KV
 from tests.docs.make_samples import make_text
 
@@ -18,9 +17,7 @@ def library(cli, tmp_path):
     make_text(folder / "harbour.txt", "Harbour log\n\n" + "The east lock opened at dawn for the grain barges. " * 30)
     make_text(folder / "lamp.txt", "Lamp notes\n\nMarta Quill kept the lamp of the northern lighthouse burning.\n")
     assert cli("ingest", str(folder))[0] == 0
-    engines._cache.clear()
     yield folder
-    engines._cache.clear()
 
 
 def test_read_all_then_again_then_a_question_starts_from_the_cache(cli, library):
@@ -30,7 +27,6 @@ def test_read_all_then_again_then_a_question_starts_from_the_cache(cli, library)
     assert set(rows[1]) == {"doc", "title", "status", "tokens", "seconds", "note"} and rows[1]["tokens"] > 300
     rc, again, _ = cli("--json", "read", "harbour.txt", *ELLM[:2], json_out=True)
     assert rc == 0 and [r["status"] for r in again] == ["already read"]
-    engines._cache.clear()                                     # a new process: the file is found
     rc, answer, _ = cli("--json", "ask", "When did the east lock open?", "--doc", "harbour.txt", *ELLM, "--greedy",
                         json_out=True)
     t = answer["timings"]
@@ -75,13 +71,11 @@ def test_a_document_read_once_is_not_read_again_whatever_the_answer_length(cli, 
     make_text(folder / "log.txt", "Harbour log\n\n" + sentence * (repeats // 2) + "The keeper's dog was called "
               "Biscuit.\n\n" + sentence * (repeats // 2))
     assert cli("ingest", str(folder))[0] == 0
-    engines._cache.clear()
     rc, rows, _ = cli("--json", "read", "--all", *ELLM[:2], json_out=True)
     assert rc == 0 and rows[0]["status"] == "read" and 8192 - 1200 < rows[0]["tokens"] < 8192 - document_needs(0)
     kv_files = sorted((data_dir / "cache" / "kv").glob("*.kv"))
     assert len(kv_files) == 1
     for n in (8, 96, 700):
-        engines._cache.clear()                                 # each question a new process
         rc, answer, err = cli("--json", "ask", "What was the keeper's dog called?", "--doc", "log.txt",
                               *ELLM[:2], "--max-tokens", str(n), "--greedy", json_out=True)
         assert rc == 0 and "reading" not in err, err

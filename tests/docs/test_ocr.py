@@ -11,7 +11,7 @@ import numpy as np
 import pymupdf
 import pytest
 
-from app.docs import ReadCancelled, ReadWatch, ocr, read
+from app.docs import ExtractCancelled, ExtractWatch, ocr, extract
 from app.docs.limits import OCR_DPI, OCR_MAX_SIDE_PX
 from app.docs.ocr_layout import Segment, layout, split_at_gaps
 from app.library.passages import locate_in_pdf_words, norm
@@ -42,7 +42,7 @@ def scan(tmp_path_factory):
     path = make_image_only_pdf(folder / "scan.pdf", PAGES, text_pages=(1,), height=160)
     source = make_pdf(folder / "source.pdf", PAGES)  # the same pages with their words' boxes
     progress = []
-    document = read(path, ReadWatch(progress=lambda *event: progress.append(event)))
+    document = extract(path, ExtractWatch(progress=lambda *event: progress.append(event)))
     return document, progress, source
 
 
@@ -86,12 +86,12 @@ def test_recognised_words_have_the_boxes_of_the_words_on_the_page(scan):
 def test_a_page_with_a_text_layer_is_never_ocred(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(ocr, "recognise_page", lambda page, dpi=OCR_DPI: calls.append(page))
-    document = read(make_pdf(tmp_path / "text.pdf", ["A page of real text.", "Another one."]))
+    document = extract(make_pdf(tmp_path / "text.pdf", ["A page of real text.", "Another one."]))
     assert calls == [] and document.ocr_pages == []
 
 
 def test_a_damaged_page_image_is_stored_empty_with_a_reason(tmp_path):
-    document = read(make_damaged_image_pdf(tmp_path / "damaged.pdf", "The first page is fine."))
+    document = extract(make_damaged_image_pdf(tmp_path / "damaged.pdf", "The first page is fine."))
     assert [p.text for p in document.pages] == ["The first page is fine.", ""]
     assert document.pages[1].source == "ocr"
     assert document.pages[1].note.startswith("the page image is damaged (mupdf: ")
@@ -105,7 +105,7 @@ def test_without_an_ocr_engine_a_scan_is_refused_with_the_reason(tmp_path, monke
     from app.docs import DocumentError
 
     with pytest.raises(DocumentError) as refused:
-        read(make_image_only_pdf(tmp_path / "scan.pdf", ["Words only in the image."]))
+        extract(make_image_only_pdf(tmp_path / "scan.pdf", ["Words only in the image."]))
     assert refused.value.reason == (
         "no extractable text (no text layer, and OCR recognised no text in the page images; "
         f"{problem})")
@@ -131,7 +131,7 @@ def test_pages_are_rendered_one_at_a_time_at_a_fixed_dpi_and_a_bounded_size(tmp_
         poster = document.new_page(width=5670, height=8500)
         poster.draw_rect(pymupdf.Rect(100, 100, 900, 900), fill=(0, 0, 0))
         document.save(tmp_path / "big.pdf")
-    result = read(tmp_path / "big.pdf")
+    result = extract(tmp_path / "big.pdf")
     for height, width, channels in engine.shapes[:2]:  # A4 at OCR_DPI, to the pixel
         assert abs(height - 842 * OCR_DPI / 72) <= 1 and abs(width - 595 * OCR_DPI / 72) <= 1
         assert channels == 3
@@ -144,9 +144,9 @@ def test_cancel_stops_between_pages(tmp_path, monkeypatch):
     monkeypatch.setattr(ocr, "rapid_engine", lambda: (engine, ""))
     path = make_image_only_pdf(tmp_path / "scan.pdf", ["one", "two", "three"], dpi=50)
     done = []
-    watch = ReadWatch(progress=lambda *event: done.append(event), cancel=lambda: len(done) >= 1)
-    with pytest.raises(ReadCancelled):
-        read(path, watch)
+    watch = ExtractWatch(progress=lambda *event: done.append(event), cancel=lambda: len(done) >= 1)
+    with pytest.raises(ExtractCancelled):
+        extract(path, watch)
     assert len(engine.shapes) == 1 and done == [(0, 3, "OCR page 1 of 3")]
 
 
@@ -217,6 +217,6 @@ def test_starting_the_engine_leaves_qt_settings_alone():
 @pytest.mark.skipif(not ocr.tesseract_available(), reason="Tesseract is not installed here")
 def test_tesseract_reads_a_scan_when_rapidocr_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(ocr, "rapid_engine", lambda: (None, "OCR is not installed"))
-    document = read(make_image_only_pdf(tmp_path / "scan.pdf", [PAGES[1]], height=160))
+    document = extract(make_image_only_pdf(tmp_path / "scan.pdf", [PAGES[1]], height=160))
     assert document.ocr_pages == [1] and document.pages[0].words
     assert squeezed("kept a dog named Argos") in squeezed(document.pages[0].text)

@@ -8,7 +8,7 @@ import docx
 import pymupdf
 import pytest
 
-from app.docs import PAGE_CHARS, SUPPORTED_SUFFIXES, Document, read
+from app.docs import PAGE_CHARS, SUPPORTED_SUFFIXES, Document, extract
 from tests.docs.make_samples import make_docx, make_epub, make_html, make_pdf, make_text
 
 
@@ -38,7 +38,7 @@ def test_pdf_one_page_per_pdf_page(tmp_path):
         title="Quarterly Report",
         author="Ada Lovelace",
     )
-    document = read(path)
+    document = extract(path)
     assert (document.path, document.format, document.title, document.author) == (
         str(path), "pdf", "Quarterly Report", "Ada Lovelace"
     )
@@ -53,7 +53,7 @@ def test_pdf_one_page_per_pdf_page(tmp_path):
 
 
 def test_pdf_without_metadata_takes_its_first_line_as_title(tmp_path):
-    document = read(make_pdf(tmp_path / "notes.pdf", ["Meeting notes\nbody text"]))
+    document = extract(make_pdf(tmp_path / "notes.pdf", ["Meeting notes\nbody text"]))
     assert (document.title, document.author) == ("Meeting notes", "")
 
 
@@ -65,11 +65,11 @@ def test_pdf_ligatures_are_expanded(tmp_path):
     page.insert_text((72, 72), "the \ufb01rst \ufb02oor", fontname="F0")
     pdf.save(tmp_path / "lig.pdf")
     assert "\ufb01" in pymupdf.open(tmp_path / "lig.pdf")[0].get_text()
-    assert read(tmp_path / "lig.pdf").pages[0].text == "the first floor"
+    assert extract(tmp_path / "lig.pdf").pages[0].text == "the first floor"
 
 
 def test_pdf_suffix_is_case_insensitive(tmp_path):
-    document = read(make_pdf(tmp_path / "UPPER.PDF", ["Upper case suffix"]))
+    document = extract(make_pdf(tmp_path / "UPPER.PDF", ["Upper case suffix"]))
     assert (document.format, document.page_count) == ("pdf", 1)
 
 
@@ -84,7 +84,7 @@ def test_epub_chapters_in_spine_order(tmp_path):
         title="The Book",
         author="Ann Author",
     )
-    document = read(path)
+    document = extract(path)
     assert (document.format, document.title, document.author) == ("epub", "The Book", "Ann Author")
     # The nav document's table of contents is not read; short chapters do not share a page.
     assert [page.text for page in document.pages] == [
@@ -96,7 +96,7 @@ def test_epub_chapters_in_spine_order(tmp_path):
 
 def test_epub_long_chapter_is_cut_into_pages_at_paragraphs(tmp_path):
     paragraphs = [f"{n}" * 999 for n in range(1, 7)]  # 999 + 2 + 999 + 2 + 999 > 3000
-    document = read(make_epub(tmp_path / "long.epub", [("Long", "\n\n".join(paragraphs)),
+    document = extract(make_epub(tmp_path / "long.epub", [("Long", "\n\n".join(paragraphs)),
                                                        ("Next", "After.")]))
     p = paragraphs
     assert [page.text for page in document.pages] == [
@@ -114,7 +114,7 @@ def test_epub_several_creators(tmp_path):
         b"</metadata>", b'<dc:creator id="c2">Second Author</dc:creator></metadata>'
     ))
     assert b"Second Author" in opf
-    assert read(path).author == "First Author; Second Author"
+    assert extract(path).author == "First Author; Second Author"
 
 
 # ---- DOCX
@@ -128,7 +128,7 @@ def test_docx_explicit_page_breaks_make_pages(tmp_path):
         author="Dee Writer",
         heading="Memo heading",
     )
-    document = read(path)
+    document = extract(path)
     assert (document.format, document.title, document.author) == ("docx", "The Memo", "Dee Writer")
     assert [page.text for page in document.pages] == [
         "Memo heading\n\nAlpha para ALPHA.\n\nAlpha second para.",
@@ -140,14 +140,14 @@ def test_docx_explicit_page_breaks_make_pages(tmp_path):
 def test_docx_title_from_heading_then_first_line(tmp_path):
     with_heading = make_docx(tmp_path / "h.docx", ["Body."], heading="The Heading")
     without = make_docx(tmp_path / "plain.docx", ["First line here\n\nBody."])
-    assert (read(with_heading).title, read(with_heading).author) == ("The Heading", "")
-    assert read(without).title == "First line here"
+    assert (extract(with_heading).title, extract(with_heading).author) == ("The Heading", "")
+    assert extract(without).title == "First line here"
 
 
 def test_docx_without_core_properties_is_not_called_word_document(tmp_path):
     path = make_docx(tmp_path / "bare.docx", ["Body."], heading="Real Heading")
     _drop_core_properties(path)
-    document = read(path)
+    document = extract(path)
     assert (document.title, document.author) == ("Real Heading", "")
 
 
@@ -165,7 +165,7 @@ def test_docx_tables_breaks_and_page_break_before(tmp_path):
     document.add_paragraph("New page").paragraph_format.page_break_before = True
     document.save(tmp_path / "table.docx")
 
-    result = read(tmp_path / "table.docx")
+    result = extract(tmp_path / "table.docx")
     assert [page.text for page in result.pages] == [
         "Intro line\tafter tab\n\n| Name | Value |\n| alpha | 42 |\n\nline one\nline two",
         "New page",
@@ -174,7 +174,7 @@ def test_docx_tables_breaks_and_page_break_before(tmp_path):
 
 def test_docx_without_page_breaks_is_cut_at_paragraphs(tmp_path):
     paragraphs = [f"{n}" * 999 for n in range(1, 5)]
-    document = read(make_docx(tmp_path / "long.docx", ["\n\n".join(paragraphs)]))
+    document = extract(make_docx(tmp_path / "long.docx", ["\n\n".join(paragraphs)]))
     p = paragraphs
     assert [page.text for page in document.pages] == [f"{p[0]}\n\n{p[1]}", f"{p[2]}\n\n{p[3]}"]
 
@@ -190,7 +190,7 @@ def test_html_drops_script_style_nav(tmp_path):
         author="Hal Author",
         heading="Main Heading",
     )
-    document = read(path)
+    document = extract(path)
     assert (document.format, document.title, document.author) == (
         "html", "Page Title", "Hal Author"
     )
@@ -201,14 +201,14 @@ def test_html_drops_script_style_nav(tmp_path):
 
 
 def test_html_title_falls_back_to_first_h1(tmp_path):
-    document = read(make_html(tmp_path / "page.htm", ["Body."], heading="Heading Title"))
+    document = extract(make_html(tmp_path / "page.htm", ["Body."], heading="Heading Title"))
     assert (document.format, document.title, document.author) == ("html", "Heading Title", "")
 
 
 def test_html_declared_cp1252(tmp_path):
     path = make_html(tmp_path / "old.html", ["café “quoted”"], title="Old", encoding="cp1252")
     assert b"caf\xe9 \x93quoted\x94" in path.read_bytes()
-    assert read(path).pages[0].text == "café “quoted”"
+    assert extract(path).pages[0].text == "café “quoted”"
 
 
 def test_html_structure(tmp_path):
@@ -223,7 +223,7 @@ def test_html_structure(tmp_path):
         "<svg><title>SVG-NOISE</title></svg></body></html>",
         encoding="utf-8",
     )
-    document = read(path)
+    document = extract(path)
     assert [page.text for page in document.pages] == [
         (
             "Section\n\nLoose text\n\nInline bold and italic.\nAfter break.\n\none\n\ntwo\n\n| Key | Value |\n"
@@ -239,14 +239,14 @@ def test_html_structure(tmp_path):
 
 def test_markdown_kept_as_written_title_from_first_h1(tmp_path):
     text = "```\n# not a title\n```\n\n# Real Title #\n\nSome *emphasis* text.\n\n## Sub\n\n- item"
-    document = read(make_text(tmp_path / "notes.md", text))
+    document = extract(make_text(tmp_path / "notes.md", text))
     assert (document.format, document.title, document.author) == ("md", "Real Title", "")
     assert [page.text for page in document.pages] == [text]
 
 
 def test_markdown_front_matter(tmp_path):
     text = '---\ntitle: "Front Title"\nauthor: Fran\n---\n\n# Heading\n\nBody.'
-    document = read(make_text(tmp_path / "post.markdown", text))
+    document = extract(make_text(tmp_path / "post.markdown", text))
     assert (document.format, document.title, document.author) == ("md", "Front Title", "Fran")
 
 
@@ -259,7 +259,7 @@ TEXT = "Title Line\n\ncafé “quoted” – naïve 漢字"
      ("utf-32-le", True)],
 )
 def test_txt_encodings(tmp_path, encoding, bom):
-    document = read(make_text(tmp_path / "story.txt", TEXT, encoding, bom))
+    document = extract(make_text(tmp_path / "story.txt", TEXT, encoding, bom))
     assert (document.format, document.title, document.author) == ("txt", "Title Line", "")
     assert [page.text for page in document.pages] == [TEXT]
 
@@ -267,19 +267,19 @@ def test_txt_encodings(tmp_path, encoding, bom):
 def test_txt_cp1252(tmp_path):
     path = tmp_path / "legacy.txt"
     path.write_bytes(b"caf\xe9 \x93quoted\x94\r\nnext line")
-    assert [page.text for page in read(path).pages] == ["café “quoted”\nnext line"]
+    assert [page.text for page in extract(path).pages] == ["café “quoted”\nnext line"]
 
 
 def test_txt_form_feeds_are_pages(tmp_path):
     path = make_text(tmp_path / "pdftotext.txt", "Page one.\n\fPage two.\n\f\fPage four.\n\f")
-    document = read(path)
+    document = extract(path)
     assert [page.text for page in document.pages] == ["Page one.", "Page two.", "", "Page four."]
     assert_offsets_consistent(document)
 
 
 def test_txt_long_text_pages_stay_under_page_chars(tmp_path):
     paragraphs = [" ".join(f"w{p}x{i}" for i in range(60)) for p in range(200)]
-    document = read(make_text(tmp_path / "long.txt", "\n\n".join(paragraphs)))
+    document = extract(make_text(tmp_path / "long.txt", "\n\n".join(paragraphs)))
     assert document.page_count > 1
     assert all(len(page.text) <= PAGE_CHARS for page in document.pages)
     # Cut only between paragraphs: the joined text is the original.
@@ -288,13 +288,13 @@ def test_txt_long_text_pages_stay_under_page_chars(tmp_path):
 
 
 def test_title_falls_back_to_the_file_stem(tmp_path):
-    document = read(make_text(tmp_path / "long-first-line.txt", "word " * 30 + "\n\nmore"))
+    document = extract(make_text(tmp_path / "long-first-line.txt", "word " * 30 + "\n\nmore"))
     assert document.title == "long-first-line"
 
 
 def test_path_may_be_a_string(tmp_path):
     path = make_text(tmp_path / "s.txt", "hello")
-    assert read(str(path)).path == str(path)
+    assert extract(str(path)).path == str(path)
 
 
 # ---- helpers

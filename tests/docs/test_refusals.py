@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.docs import SUPPORTED_SUFFIXES, Document, DocumentError, read
+from app.docs import SUPPORTED_SUFFIXES, Document, DocumentError, extract
 from tests.docs.make_samples import (
     make_docx,
     make_encrypted_pdf,
@@ -21,7 +21,7 @@ from tests.docs.make_samples import (
 
 def reason(path) -> str:
     with pytest.raises(DocumentError) as caught:
-        read(path)
+        extract(path)
     error = caught.value
     assert (error.path, str(error)) == (str(path), f"{path}: {error.reason}")
     return error.reason
@@ -57,7 +57,7 @@ def test_random_bytes_never_escape_as_another_exception(tmp_path, suffix):
         path = tmp_path / f"noise{size}{suffix}"
         path.write_bytes(bytes(rng.randrange(256) for _ in range(size)))
         try:
-            read(path)
+            extract(path)
         except DocumentError:
             pass
 
@@ -82,7 +82,7 @@ def test_damaged_files_never_escape_as_another_exception(tmp_path, kind):
         path = tmp_path / f"damaged{trial}.{kind}"
         path.write_bytes(bytes(damaged))
         try:
-            assert isinstance(read(path), Document)
+            assert isinstance(extract(path), Document)
         except DocumentError:
             pass
 

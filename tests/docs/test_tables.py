@@ -5,7 +5,7 @@ from __future__ import annotations
 import docx
 import pymupdf
 
-from app.docs import read
+from app.docs import extract
 from app.docs.tables import markdown_row, table_text
 from app.library.ingest import chunk_page
 from tests.docs.make_samples import make_pdf, make_table_pdf, make_text
@@ -22,7 +22,7 @@ def test_markdown_rows_escape_bars_and_fold_line_breaks():
 def test_a_drawn_pdf_table_keeps_its_rows_together_in_the_page_text(tmp_path):
     path = make_table_pdf(tmp_path / "prices.pdf", "Prices at the market", ROWS,
                           "Prices change every week.")
-    document = read(path)
+    document = extract(path)
     assert document.pages[0].text == f"Prices at the market\n\n{MARKDOWN}\n\nPrices change every week."
     # the offsets citations use still point at the rows in the document's text
     start = document.pages[0].start + document.pages[0].text.index("| apple")
@@ -42,7 +42,7 @@ def test_a_table_on_a_later_page_and_text_pages_do_not_pay_for_the_table_finder(
     with pymupdf.open(table) as other:
         merged.insert_pdf(other)
     merged.save(tmp_path / "both.pdf")
-    document = read(tmp_path / "both.pdf")
+    document = extract(tmp_path / "both.pdf")
     assert calls == [1]  # the finder ran on the ruled page only
     assert document.pages[0].text == "Only words on this page."
     assert document.pages[1].text == f"Stock\n\n{MARKDOWN}\n\nEnd."
@@ -57,7 +57,7 @@ def test_docx_table_rows_keep_empty_cells_in_their_columns(tmp_path):
             cell.text = text
     document.add_paragraph("After the table")
     document.save(tmp_path / "table.docx")
-    assert read(tmp_path / "table.docx").pages[0].text == (
+    assert extract(tmp_path / "table.docx").pages[0].text == (
         "Before the table\n\n| Name | Price | Qty |\n| apple |  | 4 |\n| pear | 0.90 | 12 |\n\n"
         "After the table")
 
@@ -68,5 +68,5 @@ def test_html_table_rows_stay_together_with_paragraphs_inside_cells(tmp_path):
             "<tr><td>pear</td><td><ul><li>green</li><li>soft</li></ul></td></tr></tbody></table>"
             "<p>After</p></body></html>")
     path = make_text(tmp_path / "t.html", html)
-    assert read(path).pages[0].text == (
+    assert extract(path).pages[0].text == (
         "Before\n\n| Name | Note |\n| apple | red sweet crisp |\n| pear | green soft |\n\nAfter")

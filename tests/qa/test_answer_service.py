@@ -344,7 +344,7 @@ def test_a_long_answer_never_turns_a_whole_document_that_fits_into_a_selection(s
 
 
 def test_where_nothing_read_stays_read_every_question_reads_its_documents(store, model_file):
-    """llama.cpp and Gemma 3's dense cache keep no prefix files: the automatic source answers from
+    """llama.cpp and Gemma 3's contiguous cache keep no prefix files: the automatic source answers from
     the whole document there, as before, rather than from passages for ever."""
     doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
     a = answer(store, FakeBackend(model_file, n_ctx=16384), "What was the secret password?", [doc], PARAMS)

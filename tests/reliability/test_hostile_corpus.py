@@ -38,7 +38,8 @@ from tests.reliability.helpers import (
 PEAK_RSS_LIMIT = 500 * MiB
 """README, "Reliability and privacy": `ellm ingest` stays under 500 MB whatever it is
 given (measured: ~290 MB for a 31 MB text file, ~430 MB for a 31 MB HTML file, the
-largest accepted). Without the limits, the 200 MB file alone took over 6 GB."""
+largest accepted; docs/benchmarks.md, "Ingestion: OCR, tables and memory"). Without the
+limits, the 200 MB file alone took over 6 GB."""
 NESTED_LEVELS = 60
 LATIN1_TEXT = "Café crème brûlée: 5 € à Zürich — naïve façade"
 
@@ -219,14 +220,14 @@ def test_a_file_that_disappears_between_hashing_and_reading(cli, tmp_path, monke
     folder.mkdir()
     make_text(folder / "a.txt", "Stays.\n")
     make_text(folder / "b.txt", "Goes away.\n")
-    real_read = docs.read
+    real_read = docs.extract
 
     def read_after_deletion(path, *args):
         if Path(path).name == "b.txt":
             Path(path).unlink()
         return real_read(path, *args)
 
-    monkeypatch.setattr(app.library.ingest.docs, "read", read_after_deletion)
+    monkeypatch.setattr(app.library.ingest.docs, "extract", read_after_deletion)
     rc, out, _ = cli("ingest", str(folder))
     assert rc == 0
     assert f"{folder / 'a.txt'}: ingested (" in out
@@ -276,7 +277,7 @@ def test_every_format_bounds_the_text_it_keeps(tmp_path, monkeypatch, kind, reas
     else:
         make_pdf(path, pages)
     with pytest.raises(docs.DocumentError) as refused:
-        docs.read(path)
+        docs.extract(path)
     assert refused.value.reason.startswith(reason), refused.value.reason
     if kind == "docx":
         assert "MB of XML; documents over 0 MB are not read (split it" in refused.value.reason

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from app.runtime.model_files import GIB, MEMORY_MARGIN_BYTES, default_model_path
+from app.runtime.catalog import MEMORY_MARGIN_BYTES
+from app.runtime.model_files import GIB, default_model_path
 from tests.conftest import TREATY_PAGES
 from tests.docs.make_samples import make_pdf
 from tests.reliability.helpers import cli_env, run_cli
@@ -46,8 +47,8 @@ def expected_messages(models) -> dict[str, str]:
 
 @pytest.fixture
 def nothing_loads(monkeypatch):
-    """Fail the test if a backend starts loading a model."""
-    import app.runtime.engines
+    """Fail the test if a backend starts loading a model (each ``cli`` call opens a session of its
+    own, with nothing loaded whose memory would count as free)."""
     import app.engine.llamacpp_backend
 
     def refuse(self, *args, **kwargs):
@@ -55,8 +56,6 @@ def nothing_loads(monkeypatch):
 
     monkeypatch.setattr(app.engine.llamacpp_backend.LlamaCppBackend, "__init__", refuse)
     monkeypatch.setenv("ELLM_FAKE_MEMAVAILABLE", str(FREE))
-    # No model loaded by an earlier test in this process: its memory would count as free.
-    monkeypatch.setattr(app.runtime.engines, "_cache", {})
 
 
 @pytest.mark.parametrize("kind", ["truncated", "not_gguf", "big"])

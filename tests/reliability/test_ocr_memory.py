@@ -10,7 +10,7 @@ MB = 2**20
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the peak creeps up ~4 MB a page (520 MB at 12 pages, 670 MB at 40; README, OCR memory)",
+@pytest.mark.xfail(reason="the peak creeps up ~4 MB a page (520 MB at 12 pages, 670 MB at 40; docs/benchmarks.md, OCR memory)",
                    strict=False)
 def test_peak_memory_of_ocr_does_not_grow_with_the_number_of_pages(tmp_path):
     text = "Ledger of the mill, page {n}: forty sacks of barley, paid in full."

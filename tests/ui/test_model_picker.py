@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt
 import app.runtime.catalog as catalog
 import app.ui.model_picker
 from app.ui.model_picker import COLUMNS, SPEED_COLUMN, STATE_COLUMN, predicted_speed
-from tests.cli.test_catalog import index  # noqa: F401  (the local package index fixture)
+from tests.runtime.test_catalog import index  # noqa: F401  (the local package index fixture)
 
 
 def test_the_picker_shows_the_catalogue_and_predicts_speed_from_the_kernels_stream(qtbot, window):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from app.settings import Settings
+from app.settings import KV_SETTINGS, Settings
 from app.engine.attention.config import SparseConfig
 from app.engine.kv.formats import BLOCK
-from app.ui.settings_dialog import KV_PRECISIONS, SPARSE_FIELDS
+from app.ui.settings_dialog import SPARSE_FIELDS
 from tests.ui.conftest import FAST
 
 
@@ -117,9 +117,9 @@ def test_model_metadata_and_an_invalid_model_file(qtbot, window, session, tmp_pa
     assert dialog.model.text() == "" and dialog.model_info.text().lower().startswith("smollm2")
 
 
-def test_every_kv_precision_and_attention_can_be_chosen(qtbot, window):
+def test_every_kv_format_and_attention_can_be_chosen(qtbot, window):
     dialog = open_dialog(qtbot, window)
-    assert [dialog.kv.itemText(i) for i in range(dialog.kv.count())] == list(KV_PRECISIONS)
+    assert [dialog.kv.itemText(i) for i in range(dialog.kv.count())] == list(KV_SETTINGS)
     assert all(dialog.kv.model().item(i).isEnabled() for i in range(dialog.kv.count()))
     assert [dialog.attention.itemData(i) for i in range(dialog.attention.count())] == ["auto", "dense", "sparse",
                                                                                  "sparse-decode"]

@@ -9,7 +9,7 @@ import time
 import pytest
 from PySide6.QtCore import Qt
 
-from app.engine.model.config import SUPPORTED_ARCHITECTURES
+from app.engine.header.model_config import ARCHITECTURES
 from app.ui.settings_dialog import PROBE_CANCEL, PROBE_START
 from tests.engine.tiny_gguf import TinySpec, smollm2_path, write_tiny_model
 from tests.ui.helpers import doc_id, ingest
@@ -84,7 +84,7 @@ def test_a_model_our_engine_cannot_run_is_explained(qtbot, window, corpus, tiny_
     probe_and_wait(qtbot, dialog)
     assert dialog.probe_result is None and dialog.probe_info.property("failed") is True
     assert dialog.probe_info.text() == ("tiny-phi3.gguf: the KV probe runs on eLLM's own engine, which implements "
-                                        f"{', '.join(SUPPORTED_ARCHITECTURES)} models, not 'phi3'; choose such a model")
+                                        f"{', '.join(ARCHITECTURES)} models, not 'phi3'; choose such a model")
 
 
 def test_without_documents_the_probe_says_what_to_do(qtbot, window):

@@ -5,9 +5,9 @@ block after block with an online softmax).
 The block's keys and values are decoded to float32 once (B x HD, in L1) and read by every query
 head of the group. Where the head size is a multiple of 32 the products are 16 lanes wide
 (ops/simd16.py; plain loops otherwise): keys four at a time, their four sums reduced together,
-and each value row loaded once for three query heads. Measured on Qwen2.5-1.5B's shapes (6
-query heads per KV head, HD 128, blocks of 64 tokens; README, "Long contexts on a real model"):
-decode attention over 16,384 cached f16 tokens in 54 ms per token instead of 62 ms.
+and each value row loaded once for three query heads (Qwen2.5-1.5B's shapes: 6 query heads per
+KV head, HD 128, blocks of 64 tokens): fewer loads and more FMA chains in flight than one key
+and one head at a time. docs/benchmarks.md has the long-context decode figures.
 """
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ def add_values(v, p, n_valid, acc):
 @njit(inline="always")
 def _scores16(k, qr, n_valid, scale, s):
     """``scores`` 16 lanes wide: four keys at a time with two sums each (eight FMA chains in
-    flight), the four sums reduced together (``store_sums4``). Eight keys at a time spilled
-    registers and ran 1.3x slower."""
+    flight), the four sums reduced together (``store_sums4``). Not eight keys at a time: twice
+    the accumulators, and the registers spill."""
     group, head_dim = qr.shape
     j0 = n_valid - n_valid % 4
     for j in range(0, j0, 4):

@@ -19,7 +19,7 @@ from ..kv.blocked import BlockKVCache, decode_keys
 from ..ops.f16 import f16_to_f32
 from ..ops.rope import rotate, rotate_vec
 from ..quant import blas
-from ..quant.layout import num_threads
+from ..cpu.threads import num_threads
 from ..ops.amx import HAS_AMX_BF16
 from . import products, products_amx
 from .block_products import add_values, exp_block, scores
@@ -95,7 +95,7 @@ def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState
 PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
 F16_AS_STORED = True   # decode reads f16 blocks as stored (tests switch it off to compare bits)
 AMX_ATTENTION = HAS_AMX_BF16   # prefill products on AMX tiles (tests switch it off to compare)
-AMX_MIN_ROWS = 256             # query rows (tokens x query heads per KV head) from which they do
+AMX_MIN_ROWS = 256             # query rows (tokens x query heads per KV head) from which prefill takes the tiles
 
 
 def _selection(cache, layer, q, pos0, state: AttentionState, cos, sin, neox) -> Selection:
@@ -191,7 +191,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 rotate_vec(q[h * group + g], cos[rel], sin[rel], neox, qr[g])
             # f16 keys and values are read as stored, each row converted in registers (exact, so
             # the same bits as converting the block first): a block's f32 copies (2 x 32 KB at HD
-            # 128) overflowed L1 and took a quarter of the block's time. Other formats are decoded.
+            # 128) would overflow L1 next to the query heads' rows. Other formats are decoded.
             if direct and b >= n_full:   # the f16 tail (of every format): no bounds or scales
                 _attend_block(tail_k[h], tail_v[h], qr, n_valid, scale, s, h, i, bmax, bsum, m, l, acc)
             elif direct and f16 and b < nb_base:
@@ -276,8 +276,8 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
     out_h = np.empty((n_tok * group, head_dim), np.float32)                 # (T*G, HD)
     n_parts = num_threads()
     # AMX's bfloat16 tiles (products_amx) for a chunk of a document being read; sgemms for a
-    # question's few rows, where scattering the keys into the tiles' layout costs what the
-    # tiles save (17 tokens over the read R FAQ: 1.46 s vs 1.43 s of engine time)
+    # question's few rows, where scattering the keys into the tiles' layout costs about what the
+    # tiles save (AMX_MIN_ROWS)
     on_tiles = AMX_ATTENTION and n_tok * group >= AMX_MIN_ROWS and head_dim % 32 == 0
     if on_tiles:   # packed keys and values: four (padded(N, 32) * HD,) uint16, reused for each head
         packed = tuple(np.empty(products_amx.packed_size(ns * B, head_dim), np.uint16) for _ in range(4))

@@ -16,18 +16,18 @@ MODES = ("dense", "sparse", "sparse-decode")
 
 # K per mode. sparse-decode reads 64 blocks (an answer token reads 4,480 cached tokens): on two
 # real manuals its answers were right as often as dense attention's with 64, less often with 16
-# (README, "Sparse attention"). sparse keeps 16, which its speed and pass key figures beyond the
+# (docs/benchmarks.md). sparse keeps 16, which its speed and pass key figures beyond the
 # trained context were measured with.
 TOP_K = {"dense": 16, "sparse": 16, "sparse-decode": 64}
 # The answer's K of "sparse-decode" beyond the trained context, whose prompt reads sparse's 16:
 # on two manuals past Qwen2.5-1.5B's trained 32K the right answer's words were likelier read
-# from 64 voted blocks than from 16 (README, "Sparse attention").
+# from 64 voted blocks than from 16 (docs/benchmarks.md).
 ANSWER_K_BEYOND = 64
 
 
 @dataclass(frozen=True)
 class SparseConfig:
-    """Sparse attention options; defaults chosen by measurement (README, "Sparse attention")."""
+    """Sparse attention options; defaults chosen by measurement (docs/benchmarks.md)."""
 
     mode: str = "sparse"      # "dense": every block, true positions
     sinks: int = 64           # S: first tokens always attended

@@ -25,11 +25,11 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..kv.dense import KVCache
+from ..kv.contiguous import KVCache
 from ..ops.f16 import round_f16
 from ..ops.simd import fma8, hsum8, load8, load8_2d, splat8, store8_2d, zero8
 from ..ops.simd16 import fma16, hsum16, load16, load16_2d, zero16
-from ..quant.layout import num_threads
+from ..cpu.threads import num_threads
 from . import dense_groups
 from .ggml_lanes import F16_STEP, TINYBLAS_LANES, WIDE, reduce_lanes, softmax, vec_dot_f16
 

@@ -108,7 +108,7 @@ def _values_kernel(load, store, fma, splat, lanes):
         VALUE_STEPS rows of each lane, whose V rows stay in L1 while the passes go over the dims
         and the head pairs. Lane l takes rows l, l + L, ... in that order: the same adds, so the
         same bits. (Converting V into a float32 copy first and streaming it once for each head
-        was L2-bound: 3.5x slower at 4,096 keys.)
+        is L2-bound: the copy is twice the bytes of V, read again for every head.)
 
         p  # (G, >= n_kv) float32, probabilities already rounded to f16
         v  # (C, HD) uint16 f16 bits, HD % lanes == 0;  acc  # (G, L, HD) float32, overwritten

@@ -8,10 +8,10 @@ GGML_F16_EPR 16, GGML_F32Cx16_REDUCE ending in _mm512_reduce_add_ps), its softma
 lanes at a time (vec.cpp ggml_vec_soft_max_f32) and tinyBLAS multiplies f16 on __m512 (one
 16-lane accumulator a dot, hsum = _mm512_reduce_add_ps); elsewhere on x86 the 8-lane AVX2
 forms (not followed: a native build on a CPU with AVX512-FP16, Sapphire Rapids and later, whose
-f16 dot multiplies in f16, 32 lanes a step). Measured on an AMD EPYC (Zen 4) against llama-cpp-python 0.3.36 built there: with the
-8-lane sums (and the AVX2 form of exp, ops/expf.py), Qwen2.5-1.5B's logits parted from
-llama.cpp's by up to 0.6 from a prompt's second position on; with these lanes and that build's
-exp, they are its logits bit for bit, prompt and decode steps.
+f16 dot multiplies in f16, 32 lanes a step). The lanes matter: against an AVX-512 build of
+llama.cpp, the 8-lane sums (and the AVX2 form of exp, ops/expf.py) add in another order and the
+logits part from its logits from a prompt's second position on; with these lanes and that
+build's exp, they are its logits bit for bit, prompt and decode steps.
 """
 from __future__ import annotations
 
@@ -259,9 +259,9 @@ def _dot_kernels(load, fma, zero, reduce4, lanes):
 # converted from them (the same values, so the same sums). k # (C, HD) uint16 or float32;
 # q16 # (G, HD) float32, already rounded to f16. dot_main4: rows j .. j + 3 at once, the same
 # accumulators and order for each row (the same bits), sixteen chains in flight and each step of
-# q loaded once for the four rows (one row at a time waited on its FMAs' latency: 1.3x slower on
-# an AMD EPYC). dot_main16 / dot_main16x4: the same in 16-lane registers (WIDE), steps of 64,
-# reduced as GGML_F32Cx16_REDUCE; n_main a multiple of 64.
+# q loaded once for the four rows (one row at a time waits on its FMAs' latency, with a single
+# chain per accumulator). dot_main16 / dot_main16x4: the same in 16-lane registers (WIDE),
+# steps of 64, reduced as GGML_F32Cx16_REDUCE; n_main a multiple of 64.
 dot_main, dot_main4 = _dot_kernels(load8_2d, fma8, zero8, reduce4x8, 8)
 dot_main16, dot_main16x4 = _dot_kernels(load16_2d, fma16, zero16, reduce4x16, 16)
 # The width a llama.cpp built for this CPU takes (WIDE), for kernels that follow it.

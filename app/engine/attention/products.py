@@ -13,10 +13,9 @@ by keys     each thread takes a run of the keys for all the queries, tile by til
             keys: each thread's sgemms get all 150 query rows, and no 9 MB score matrix
             goes through memory three times).
 
-Measured on 2 cores (Qwen2.5-1.5B's shapes: 6 query heads per KV head of 128; per KV head
-and layer, median of 7): 25 queries over 31,296 keys 35.8 -> 30.3 ms; 128 over 31,296
-161 -> 147 ms; 512 over 8,704 175 -> 163 ms; but 512 over 2,560 45 -> 54 ms: hence
-``KEYS_PER_QUERY``.
+Splitting by keys pays where there are many keys per query (its merges and per-tile softmax
+are overhead that a short context does not repay; a long chunk over few keys stays by
+queries): hence ``KEYS_PER_QUERY``.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.expf import ggml_expf
-from ..quant.layout import chunk_groups
+from ..cpu.threads import chunk_groups
 
 _NEG_INF = np.float32(-np.inf)
 KEYS_PER_QUERY = 8       # split the keys when there are at least this many per query token

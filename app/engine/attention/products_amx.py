@@ -1,6 +1,6 @@
 """The products of prefill attention on Intel AMX tiles in bfloat16 pairs: the same
 out = softmax_masked(q k^T * scale) v as attention/products.py's sgemms, 16 x 16 x 32 products
-an instruction (ops/amx.py, tdpbf16ps) where the sgemms reach about 80 GFLOP/s on two cores.
+an instruction (ops/amx.py, tdpbf16ps) where an sgemm's AVX-512 FMA makes 16.
 
 Precision. Each float32 operand x is written as two bfloat16, hi = x truncated to bfloat16 and
 lo = x - hi rounded to bfloat16, so hi + lo holds about 16 of float32's 24 significand bits
@@ -36,7 +36,7 @@ from numba import njit, prange
 from ..ops.amx import tile_config, tile_dpbf16ps, tile_load, tile_release, tile_shapes, tile_store, tile_zero
 from ..ops.expf import ggml_expf
 from ..ops.simd import bits_f32, f32_bits, hmax8, load8, max8, splat8
-from ..quant.layout import chunk_groups
+from ..cpu.threads import chunk_groups
 from .products import merge_runs, visible_keys
 
 _NEG_INF = np.float32(-np.inf)

@@ -120,7 +120,7 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     # Beyond the trained context the retrieved blocks are numbered anew anyway: the passages the
     # question was told to read (the focus) go last among them, nearest the question. The model
     # leans on what sits nearest (recency); in document order the last chapters' voted blocks sat
-    # there instead and the answers took their lines (README, "Sparse attention").
+    # there instead and the answers took their lines (docs/benchmarks.md).
     late = np.zeros(n_cand if compressed and ranked and focus.shape[0] else 0, np.bool_)   # (NC,) or (0,)
     if late.shape[0]:
         late[focus] = True

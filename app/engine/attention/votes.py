@@ -1,12 +1,11 @@
 """Question-aware block choice: the end of the prompt chooses what decoding reads.
 
-Measured on SmolLM2 (pass key at 4,096 tokens, K = 16 of 57 blocks, five trials): ranking
-blocks by an upper bound of the query's score (Quest) found 0 of 5 keys, ranking by the
-best single token's exact score 0 of 3, by the block's mean key 1 of 3; ranking by the
-block's exact attention mass (the log-sum-exp of its tokens' scores) found 4 of 5, as many
-as dense attention. What makes the needle's block matter is many moderately attended
-tokens, not one peak, and no per-block summary we tried (bounds, mean, diagonal Gaussian,
-means of 8- or 16-token pieces) predicts that mass.
+Ranking blocks by their exact attention mass (the log-sum-exp of their tokens' scores) finds
+pass keys about as often as dense attention does; ranking them by an upper bound of the
+query's score (Quest), by the best single token's exact score or by the block's mean key
+misses most of them (docs/benchmarks.md). What makes the needle's block matter is many moderately
+attended tokens, not one peak, and a per-block summary (bounds, mean, diagonal Gaussian,
+means of 8- or 16-token pieces) does not predict that mass.
 
 So the mass is computed exactly, but only for the last ``observe`` tokens of the prompt (the
 question and the template around it), as SnapKV does (Li et al. 2024, "SnapKV: LLM Knows
@@ -21,8 +20,9 @@ question and the answer so far), with no per-step ranking at all.
 Cost: the observed queries' scores against the whole context, about observe x n x H x HD
 multiply-adds per layer, once per question, plus an exp per score. One numba kernel does it,
 each thread a run of blocks in pieces (decode keys, one-thread sgemm, log-sum-exp with ggml's
-vectorising exp): 32 observed tokens over a synthetic 200K-token k8v4 cache of SmolLM2 take
-4.1 s on 2 cores (9.0 s with one BLAS product over all keys per head and libm's exp).
+vectorising exp), rather than one BLAS product over all keys per head and libm's exp: the
+pieces' scores stay in cache between the product and the exp, and ggml's exp vectorises where
+libm's does not.
 Positions: inside the trained context blocks are scored at their true distance; beyond it
 every block is scored at the one nominal distance select() ranks with (attention/select.py).
 """
@@ -35,7 +35,7 @@ from ..kv.blocked import BlockKVCache, decode_keys
 from ..ops.expf import ggml_expf
 from ..ops.rope import rotate, rotate_vec
 from ..quant import blas  # noqa: F401  (scipy's cython BLAS, which numba's np.dot needs)
-from ..quant.layout import chunk_groups, num_threads
+from ..cpu.threads import chunk_groups, num_threads
 from .config import SparseConfig
 from .state import AttentionState
 from .select import nominal_distance, select

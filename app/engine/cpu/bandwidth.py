@@ -50,9 +50,9 @@ def _sum_slice(a):
 @numba.njit(parallel=True, cache=True)
 def _sum(a, n_threads):
     """Sum of a (n,) int64, one slice per worker. Each worker sums its slice in a loop of its
-    own: written inline, with bounds that depend on the prange index, the loop was not
-    vectorised and read 5-6 GB/s on an AMD EPYC where one thread of this one reads 26-31 GB/s
-    (numpy's own sum 26-30), so the probe said a third of what decoders achieved."""
+    own: written inline, with bounds that depend on the prange index, the loop is not
+    vectorised and reads memory far slower than a vectorised loop (or numpy's own sum) does, so
+    the probe would report less than decoders achieve."""
     chunk = (a.shape[0] + n_threads - 1) // n_threads
     partial = np.zeros(n_threads, np.int64)        # (n_threads,) one sum per worker
     for t in numba.prange(n_threads):
@@ -64,8 +64,8 @@ def probe_read_bandwidth(nbytes: int = DEFAULT_PROBE_BYTES, repeats: int = DEFAU
     """Read ``nbytes`` with every numba thread ``repeats`` times; best and median GB/s.
 
     The array is written first (an untouched ``np.zeros`` array maps every page to the one
-    shared zero page and would "read" from cache). About 1.5 s on a 2-core VM at 512 MiB,
-    most of it the first-time fill; numba's compiled code is cached on disk.
+    shared zero page and would "read" from cache). Most of the time is that first-time fill;
+    numba's compiled code is cached on disk.
     """
     n_threads = numba.get_num_threads()   # numba.get_num_threads() inside njit code would defeat caching
     a = np.empty(max(nbytes // 8, 1024), np.int64)     # (n,) the data to stream

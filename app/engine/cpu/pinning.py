@@ -4,7 +4,7 @@ This module and cpu/plan.py are the only places that decide how many threads run
 thread count, the BLAS libraries' thread count (threadpoolctl) and the ``n_threads``/``numa``
 pair handed to llama.cpp (``plan.llamacpp_kwargs``). Nothing else in the project sets them.
 
-Pinning (``apply``), measured on this project's machine with numba 0.68:
+Pinning (``apply``), as it behaves with numba 0.68:
   * the process: every existing thread (``/proc/self/task/*``) gets the plan's CPUs as its
     affinity, so threads created later (numba's pool, BLAS pools) inherit it;
   * numba's workers: a parallel loop with one iteration per worker, whose body calls libc
@@ -41,7 +41,7 @@ from .topology import STARTUP_CPUS, format_cpulist, parse_cpulist
 # ---- libc ------------------------------------------------------------------
 # Called from numba's workers by symbol name (LLVM resolves it in the process when the kernel
 # is loaded), not through ctypes pointers: a kernel holding a ctypes pointer cannot be cached
-# and cost every start 1.5-2 s of compiling.
+# and would be compiled again at every start.
 
 _SYS_GETTID = {"x86_64": 186, "aarch64": 178}.get(platform.machine(), 186)
 

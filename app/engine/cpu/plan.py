@@ -164,7 +164,7 @@ def thread_row_ranges(n_rows: int, n_threads: int) -> tuple[tuple[int, int], ...
     """The contiguous chunk of ``range(n_rows)`` that each numba worker gets from a ``prange``.
 
     numba's static scheduler (gufunc_scheduler.cpp) splits evenly and gives the remainder to
-    the first workers: 17 rows over 4 threads -> 5, 4, 4, 4. tests/engine/test_threads.py
+    the first workers: 17 rows over 4 threads -> 5, 4, 4, 4. tests/engine/cpu/test_threads.py
     checks this against numba itself.
     """
     n_threads = max(1, n_threads)

@@ -1,2 +1,2 @@
-"""The KV cache: its formats, the dense f16 cache (llama.cpp's numerics), the blocked
+"""The KV cache: its formats, the contiguous f16 cache (llama.cpp's numerics), the blocked
 quantized cache, cache files, sizes per token and the quality probe."""

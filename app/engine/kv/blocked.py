@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from ..model.config import ModelConfig
+from ..header.model_config import ModelConfig
 from ..ops.f16 import f16_to_f32, f32_to_f16
 from .formats import KVSpec
 

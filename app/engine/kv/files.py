@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import CacheFileError
 from .blocked import BlockKVCache
+from .formats import CacheFileError
 
 MAGIC = b"ELLMKV\x00\x01"
 VERSION = 1

@@ -15,17 +15,29 @@ The blocked cache of app/engine/kv/blocked.py holds, per layer and KV head, bloc
           Per token and head: HD x bits/8 + 2 bytes.
   f16     the element as IEEE half (K keeps its f16 bounds for ranking).
 
-Measured on SmolLM2-135M (README, "KV cache"): k8v4 holds 0.40x the bytes of f16.
+Measured on SmolLM2-135M (docs/benchmarks.md): k8v4 holds 0.40x the bytes of f16.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-BLOCK = 64          # tokens per block (B); see README "Sparse attention" for the measurement
+from ..header.support import DENSE_ONLY
+
+BLOCK = 64          # tokens per block (B); see docs/benchmarks.md for the measurement
 SCALE_BYTES = 2     # f16 scales and bounds
 
 KV_NAMES = ("f16", "k8v8", "k8v4", "k4v4")
 _BITS = {"f16": (16, 16), "k8v8": (8, 8), "k8v4": (8, 4), "k4v4": (4, 4)}
+
+
+class CacheFileError(ValueError):
+    """A persisted KV cache that cannot be used (the message names the file and the problem;
+    ``path`` is the file, where known)."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
 
 
 @dataclass(frozen=True)
@@ -78,3 +90,14 @@ class KVSpec:
 def dense_f16_bytes_per_token(n_layers: int, n_kv_heads: int, key_length: int, value_length: int) -> int:
     """llama.cpp's f16 cache: 2 bytes per element, nothing else."""
     return n_layers * n_kv_heads * (key_length + value_length) * 2
+
+
+def blocked_cache(architecture: str, kv: str, attention: str, documents: bool = False) -> bool:
+    """Whether eLLM's engine keeps the KV cache in blocks (app/engine/kv/blocked.py): for every
+    question about documents (the blocked cache is persisted, laid side by side across documents,
+    and its attention mass gives the citations; f16 there stores the same halves as the dense
+    cache), except on the DENSE_ONLY architectures, and whenever the format or sparse attention
+    needs it (refused there by Model.new_cache). Only a completion without documents in f16 with
+    dense attention keeps the contiguous cache: llama.cpp's numerics, token for token."""
+    wants_files = documents and architecture not in DENSE_ONLY
+    return wants_files or KVSpec.parse(kv).name != "f16" or attention != "dense"

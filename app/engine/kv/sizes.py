@@ -7,7 +7,7 @@ Bytes per token:
 which is ``2 x layers x kv_heads x head_dim x bytes_per_element`` for llama.cpp's f16 cache.
 The quantized settings add their scales and bounds as app/engine/kv/formats.py lays them out.
 The weights a decode step streams come from the file's tensor table
-(model/gguf_file.py ``GGUFLayout.weight_bytes_per_token``).
+(header/gguf_file.py ``GGUFLayout.weight_bytes_per_token``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.gguf_file import GGUFError, GGUFLayout, scan_gguf
+from ..header.gguf_file import GGUFError, GGUFLayout, scan_gguf
 from .formats import KV_NAMES, KVSpec, dense_f16_bytes_per_token
 
 KV_SETTINGS = KV_NAMES          # the setting names, smallest error first
@@ -41,7 +41,7 @@ class KVShape:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "KVShape":
-        """From a model file's header (model/gguf_file.py, cached): milliseconds, no load."""
+        """From a model file's header (header/gguf_file.py, cached): milliseconds, no load."""
         return cls.from_layout(scan_gguf(path))
 
     @classmethod

@@ -22,7 +22,7 @@ import re
 
 import gguf
 
-from .gguf_file import field_array, field_value
+from ..header.gguf_file import field_array, field_value
 from .pretokenize import (
     PRE_TOKENIZERS,
     byte_decode,
@@ -123,7 +123,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, reader) -> Tokenizer:
         """Read the vocabulary and its rules as llama_vocab::impl::load does. reader: a
-        GGUFFile (model/gguf_file.py) or a gguf.GGUFReader."""
+        GGUFFile (header/gguf_file.py) or a gguf.GGUFReader."""
         model = field_value(reader, "tokenizer.ggml.model")
         pre = field_value(reader, "tokenizer.ggml.pre") or "default"
         if model not in ("gpt2", "llama"):
@@ -231,9 +231,6 @@ class Tokenizer:
         if tokens and tokens[0] == self.bos_id and raw.startswith(b" "):
             raw = raw[1:]
         return raw.decode("utf-8", "replace")
-
-    def is_eog(self, token: int) -> bool:
-        return token in self.eot_ids
 
     # ---- special tokens (tokenizer_st_partition)
 

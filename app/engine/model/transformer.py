@@ -19,7 +19,7 @@ src/models/qwen2.cpp, qwen3.cpp, gemma3.cpp, helpers in src/llama-graph.cpp):
 The norm weights are used as the file stores them: llama.cpp's converter already wrote
 Gemma's (1 + w) into the GGUF (convert_hf_to_gguf.py, Gemma3Model.modify_tensors).
 
-Shape letters: see app/engine/model/config.py.
+Shape letters: see app/engine/header/model_config.py.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from ..attention.blocks import attend_blocks
 from ..attention.dense import attend
 from ..attention.state import AttentionState
 from ..kv.blocked import BlockKVCache
-from ..kv.dense import KVCache
+from ..kv.contiguous import KVCache
 from ..kv.formats import KVSpec
 from ..ops.norms import add_rms_norm_rows, geglu, gelu_f16_table, rms_norm_rows, swiglu
 from ..ops.rope import RopeTables, rope_heads
@@ -43,8 +43,8 @@ from ..quant import blas
 from ..quant.planes_file import PlanesFile
 from ..quant.qmatrix import QMatrix
 from ..quant.stack import ProductStack
-from .config import ROPE_NEOX, ModelConfig, UnsupportedModelError, llamacpp_hint
-from .gguf_file import GGUFFile, model_fingerprint, scan_gguf
+from ..header.model_config import ROPE_NEOX, ModelConfig, UnsupportedModelError, llamacpp_hint
+from ..header.gguf_file import GGUFFile, model_fingerprint, scan_gguf
 
 _NO_BIAS = np.zeros(0, dtype=np.float32)  # (0,) float32: "no bias" / "none" for the kernels
 
@@ -80,7 +80,7 @@ def _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox):
 
 @njit(cache=True, nogil=True)
 def _qkv_bias_rope(q, k, v, bq, bk, bv, cos, sin, neox):
-    """_qkv_bias_rope_keys, then q roped by the same angles (the dense cache's case)."""
+    """_qkv_bias_rope_keys, then q roped by the same angles (the contiguous cache's case)."""
     _qkv_bias_rope_keys(q, k, v, bq, bk, bv, cos, sin, neox)
     head_dim = 2 * cos.shape[1]
     rope_heads(q.reshape(q.shape[0], q.shape[1] // head_dim, head_dim), cos, sin, neox)
@@ -199,12 +199,12 @@ class Model:
 
     @property
     def weight_bytes(self) -> int:
-        """Weight bytes one decode step streams, by the one rule of model/gguf_file.py (every
+        """Weight bytes one decode step streams, by the one rule of header/gguf_file.py (every
         matrix once, one embedding row, the lm head once even when tied)."""
         return scan_gguf(self.path).weight_bytes_per_token()
 
     def new_cache(self, n_ctx: int, kv: KVSpec | None = None) -> KVCache | BlockKVCache:
-        """The dense f16 cache (llama.cpp's numerics) without a KV format; the blocked cache in
+        """The contiguous f16 cache (llama.cpp's numerics) without a KV format; the blocked cache in
         format ``kv`` otherwise (attended with an AttentionState: attention/state.py)."""
         if kv is None:
             return KVCache(self.config, n_ctx)

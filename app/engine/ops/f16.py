@@ -6,8 +6,9 @@ numba has no float16 type on the CPU. Two kinds of conversion live here:
   ``fpext half`` / ``fptrunc ... to half``, which on x86 with F16C are vcvtph2ps / vcvtps2ph
   (round to nearest even, like ggml's GGML_CPU_FP32_TO_FP16) and vectorise inside loops;
 * whole planes of f16 bit patterns, ``decode_f16`` (every pattern, exactly) and
-  ``decode_f16_plain`` (zeros and normal numbers only, 3x faster: shift, then one multiply by
-  2**112, which moves the exponent bias exactly), chosen per plane by ``f16_plane_is_plain``;
+  ``decode_f16_plain`` (zeros and normal numbers only, and cheaper: shift, then one multiply by
+  2**112, which moves the exponent bias exactly, with no pass or select for subnormals, inf
+  or nan), chosen per plane by ``f16_plane_is_plain``;
   and in-place rounding of float32 arrays to f16 or bf16 values (``round_f16_in_place``,
   ``round_bf16_in_place``), as llama.cpp rounds activations. None of them relies on denormal
   arithmetic, so all stay exact with FTZ/DAZ set.

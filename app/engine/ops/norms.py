@@ -49,7 +49,7 @@ def swiglu(gate, up, out):
     """out = silu(gate) * up  — ggml_vec_swiglu_f32 (vec.cpp): SIMD ggml_v_silu on blocks
     of 8 (16 under AVX-512 F and DQ, ``AVX512_EXPF``), then x / (1 + expf(-x)) for the tail.
     Tokens in parallel (a 512-token prefill chunk of Qwen2.5-1.5B's FFN is 4.6 M elements per
-    layer: 1 s of a 14 s prefill serially).
+    layer, each with an exp: too much for one thread while the others wait).
 
     gate, up, out  # (T, F) float32
     """
@@ -72,7 +72,7 @@ def gelu_f16_table() -> np.ndarray:
     with FMA), and tanhf is glibc's. Here the FMA is a float64 multiply-add rounded to float32
     (the product of two float32 is exact in float64; the two roundings of the sum never differ
     from the FMA's one on these inputs) and tanh is float64's rounded to float32: ggml's table
-    entry for entry (tests/engine/test_architectures.py reads it from llama.cpp). numpy's
+    entry for entry (tests/engine/model/test_architectures.py reads it from llama.cpp). numpy's
     float32 tanh without the FMA gave 234 of the 30,000 entries under |x| < 10 one f16 step
     away, which moved Gemma 3's prompt logits by up to 1.3 (its text parted from llama.cpp's on
     2 of 9 prompts)."""

@@ -16,7 +16,7 @@ from numba import njit
 from .simd import fma
 
 if TYPE_CHECKING:
-    from ..model.config import ModelConfig
+    from ..header.model_config import ModelConfig
 
 NO_FACTORS = np.zeros(0, dtype=np.float32)  # (0,) float32: no per-frequency factors
 

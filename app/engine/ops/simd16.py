@@ -18,7 +18,6 @@ from numba.core.datamodel import models
 from numba.extending import intrinsic, register_model
 
 from .simd import I32, c_array_of, elem_ptr, lanewise, splat, vec8
-from .simd_int import vec8i
 
 V16F = ir.VectorType(ir.FloatType(), 16)
 V16I = ir.VectorType(I32, 16)
@@ -237,18 +236,6 @@ vec16i = Vec16iType()
 class _Vec16iModel(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
         super().__init__(dmm, fe_type, V16I)
-
-
-@intrinsic
-def cat8i(typingctx, lo, hi):
-    """Two 8-lane int32 vectors as one of 16: lo in lanes 0-7, hi in 8-15."""
-    if not (lo == hi == vec8i):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.shuffle_vector(args[0], args[1], ir.Constant(V16I, list(range(16))))
-
-    return vec16i(lo, hi), codegen
 
 
 @intrinsic

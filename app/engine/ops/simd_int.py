@@ -340,18 +340,6 @@ def to_f32(typingctx, a):
 
 
 @intrinsic
-def sub8(typingctx, a, b):
-    """Lane-wise float32 a - b."""
-    if not (a == b == vec8):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fsub(args[0], args[1])
-
-    return vec8(a, b), codegen
-
-
-@intrinsic
 def hsum32(typingctx, a):
     """The sum of the 8 int32 lanes (wrapping in int32, as _mm_add_epi32 does), as int32."""
     if a != vec8i:

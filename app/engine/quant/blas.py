@@ -3,21 +3,21 @@ the products of sparse prefill attention.
 
 Why BLAS for prefill: our quantized kernels (kernels_q, kernels_k) reproduce llama.cpp's
 integer dot products bit for bit, which is what decode needs (one token: memory bound). A
-prefill chunk is compute bound, and an f32 sgemm does ~2.5x more multiply-adds per second
-here (AVX2, 2 cores: a SmolLM2 layer at 256 tokens, 13 ms against 33 ms). So a chunk of
-``BLAS_MIN_TOKENS`` or more tokens dequantizes each weight matrix to float32 and multiplies
-with sgemm: what llama.cpp's own BLAS backend does for batches of 32 or more
-(ggml/src/ggml-blas/ggml-blas.cpp: ``to_float`` into a work buffer, then ``cblas_sgemm``;
-its ``min_batch = 32``). Results then equal the exact float products up to summation order,
-not llama.cpp's CPU build (whose activations are quantized to 8 bits first); chunks under 32
-tokens (and every decode step) keep the bit-exact kernels.
+prefill chunk is compute bound, and an f32 sgemm does more multiply-adds per second than the
+integer kernels (it is blocked for the caches and registers, with no blocks to unpack and no
+activations to quantize). So a chunk of ``BLAS_MIN_TOKENS`` or more tokens dequantizes each
+weight matrix to float32 and multiplies with sgemm: what llama.cpp's own BLAS backend does for
+batches of 32 or more (ggml/src/ggml-blas/ggml-blas.cpp: ``to_float`` into a work buffer, then
+``cblas_sgemm``; its ``min_batch = 32``). Results then equal the exact float products up to
+summation order, not llama.cpp's CPU build (whose activations are quantized to 8 bits first);
+chunks under 32 tokens (and every decode step) keep the bit-exact kernels.
 
 Why inside numba: numba's ``np.dot`` calls BLAS through scipy.linalg.cython_blas, so one
 parallel kernel gives each of numba's threads a run of rows and a one-thread sgemm on them.
 Calling BLAS from Python threads instead (or letting OpenBLAS run its own) put two sets of
 threads on the same cores: numba's OpenMP workers spin after every kernel and OpenBLAS's
-after every call, and each starved the other (measured: 7 weight products of a layer took
-26 ms interleaved with numba kernels against 13 ms alone; in one kernel, 13 ms either way).
+after every call, and each starved the other; inside one numba kernel there is one set of
+threads, and the products run as fast interleaved with numba kernels as alone.
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot binds to it)
 from numba import njit, prange
 
+from ..cpu.threads import chunk_groups, num_threads
 from . import floats, iquants, kquants, kquants_avx2, kquants_low, legacy
-from .layout import chunk_groups, num_threads
 from .qmatrix import QMatrix
 
 BLAS_MIN_TOKENS = 32  # llama.cpp's BLAS backend: min_batch (ggml-blas.cpp)

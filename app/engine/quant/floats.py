@@ -14,8 +14,9 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.f16 import decode_f16_plane
+from ..cpu.threads import chunk_groups
 from .activations import round_acts
-from .layout import GROUP, chunk_groups, group_span, pad_group, tile_plane
+from .layout import GROUP, group_span, pad_group, tile_plane
 
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
 J_CHUNK = 16  # columns converted to float32 at a time (keeps the converted chunk in L1)
@@ -43,7 +44,7 @@ def bf16_to_f32(h, out):
 @njit(nogil=True, cache=True, inline="always")
 def _to_f32(src, kind, plain, out):
     """src (n,) float32 or uint16 -> out (n,) float32 according to kind (plain: the F16
-    plane holds only zeros and normal values, see quant/layout.py.f16_plane_is_plain)."""
+    plane holds only zeros and normal values, see ops/f16.py's f16_plane_is_plain)."""
     if kind == KIND_F16:
         decode_f16_plane(src, out, plain)
     elif kind == KIND_BF16:

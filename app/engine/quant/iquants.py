@@ -30,8 +30,9 @@ from numba import njit, prange
 
 from ..ops.f16 import decode_f16, decode_f16_plane
 from ..ops.simd import fma, hsum_float_8
+from ..cpu.threads import chunk_groups
 from .activations import quantize_q8_0, quantize_q8_k
-from .layout import GROUP, chunk_groups, group_span, pad_group, tile_plane
+from .layout import GROUP, group_span, pad_group, tile_plane
 
 QK = 32
 QK_K = 256

@@ -24,8 +24,9 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.f16 import decode_f16, decode_f16_plane
+from ..cpu.threads import chunk_groups
 from .activations import quantize_q8_k
-from .layout import GROUP, chunk_groups, group_span, pad_group, tile_plane
+from .layout import GROUP, group_span, pad_group, tile_plane
 
 QK_K = 256
 

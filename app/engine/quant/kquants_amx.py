@@ -7,10 +7,10 @@ super-block's integers, 64 elements per tdpbssd, with no float step between sub-
 float steps are then those of llama.cpp's gemv (one fma per super-block, lane-wise on 16 rows:
 ops/simd16.py), so every token of a batch gets exactly the bits it gets alone in a decode step;
 llama.cpp's AVX2 batch kernel (gemm, one fma per 64-element chunk) sums in another order, so a
-batch's logits there agree with these to float rounding (tests/engine/test_model.py), as those
-of llama.cpp's own AMX and AVX-512 builds do. Measured here (2 cores, 512 tokens, same process):
-8960 x 1536 in 29 ms and 1536 x 8960 in 48 ms, against 72 and 94 ms through VNNI (the earlier
-AMX kernel, one group a tile and the gemm's float steps per chunk, took 55-60 and 60-65 ms).
+batch's logits there agree with these to float rounding (tests/engine/model/test_model.py), as those
+of llama.cpp's own AMX and AVX-512 builds do. Folding the scales in is what makes the tiles pay:
+one group a tile, with the gemm's float steps per chunk, leaves float work between the tile
+products and gains far less over VNNI (docs/benchmarks.md has the figures).
 Q6_K (q6k_rows_amx): the same tile shapes with the roles turned (the weights are the A tiles,
 the activations the B tile), its scales folded into the weights through their balanced base-7
 digits (below).

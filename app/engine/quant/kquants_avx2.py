@@ -40,10 +40,10 @@ from ..ops.simd import fma, fma8, hsum8, load8, mul8, splat8, store8, zero8
 from ..ops.simd_int import (add16, add32, bcast32, dpbusd, hsum32, hsum32x8, load256, load_f16, load_f16x8, madd16,
                             maddubs, mul32, prefetch, scale_halves, sext8to16, sll32, splat32, srl32, sub32,
                             to_f32, vand, vor, zero8i)
+from ..cpu.threads import chunk_groups
 from .activations import quantize_q8_k
 from .kquants import unpack_scales
 from .kquants_amx import AMX_CONFIG, AMX_TOKENS, q4k_pair_amx, q6k_pack_acts, q6k_rows_amx
-from .layout import chunk_groups
 from .q4k_x8 import Q4K_X8_BYTES, ROWS_X8, scale_words, scales8
 from .q6k_blocks import Q6K_BYTES, q6k_weights
 
@@ -106,8 +106,9 @@ ACTS_PARTS = 16      # runs of tokens they share (a constant: numba's thread cou
 
 @njit(nogil=True, cache=True, parallel=True)
 def _quantize_acts_parallel(x, xq, dk, bs_pairs, bs16):
-    """quantize_acts with runs of tokens in parallel (each token's bytes are its own): a
-    256-token chunk of an 8960-wide input takes 7 ms serially, once per product."""
+    """quantize_acts with runs of tokens in parallel (each token's bytes are its own): done
+    serially, quantizing a long chunk's activations would be a one-thread step in every product
+    while the other threads wait."""
     n_tok, n_in = x.shape
     nsb = n_in // QK_K
     n_parts = min(n_tok, ACTS_PARTS)
@@ -143,8 +144,8 @@ def _q4k_chunk(x8, qbase, xq, xbase):
 
 Q4K_TILE_BYTES = 256 << 10   # Q8_K activations one pass of a chunk's groups reuses (half of a 512 KiB L2)
 AMX_TILE_BYTES = 1 << 20     # the same on AMX (CPUs with 2 MiB of L2 a core), where each pass unpacks a group's
-AMX_TILE_TOKENS = 256        # weights into tiles once: an 8960-wide input in passes of 16 tokens was 1.2-1.5x
-                             # slower than in 112; the cap keeps a pass's float sums in L1
+AMX_TILE_TOKENS = 256        # weights into tiles once: short passes unpack every group again for few
+                             # tokens; the cap keeps a pass's float sums in L1
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -340,10 +341,10 @@ def matvec_q4_k_x8_stack(x8a, na, x8b, nb, x8c, nc, n_chunks, x, out_a, out_b, o
     """Up to three Q4_K matrices (repack_q4_k_x8) times one token's activations in one call:
     out_a = A x, out_b = B x, out_c = C x, each row with the bits ``matmul_q4_k_x8`` gives it
     (the same gemv per group, the same Q8_K quants, made once). Why: a decode step's small
-    products (q, k and v of a layer: 1536, 256 and 256 rows at Qwen2.5-1.5B) spent as long on
-    each call's fixed costs (the call, the activations, the threads' start and the memory's
-    first lines) as on their bytes; in one call the threads share out all the groups, and gate
-    and up (two 8960-row matrices) pay those costs once. nc = 0 (any x8c) stacks two.
+    products (q, k and v of a layer: 1536, 256 and 256 rows at Qwen2.5-1.5B) are small enough
+    that each call's fixed costs (the call, the activations, the threads' start and the memory's
+    first lines) weigh as much as their bytes; in one call the threads share out all the groups,
+    and gate and up (two 8960-row matrices) pay those costs once. nc = 0 (any x8c) stacks two.
 
     x8a, x8b, x8c  # (groups * nsb * 1152,) uint8 each, the planes of (na | nb | nc, n_in) matrices
     x              # (1, n_in) float32
@@ -491,9 +492,8 @@ def _q6_row_tokens(raw, blk0, nsb, n_in, xq, dk, dk_t, bs16, t0, t1, acc):
 def matmul_q6_k_rows(raw, n_out, amx, n_chunks, x, out):
     """Q6_K weights (GGUF rows, flat) x Q8_K activations; with amx, batches' whole tiles of 16
     tokens on AMX tiles, 16 rows at a time (kquants_amx.q6k_rows_amx: the same integers and
-    floats). Measured (2 cores, 1536 x 8960, 256 tokens, same process): AVX2 79-97 ms, the
-    first AMX kernel (one 16-element sub-block a tdpbusd, its sums scaled in int32) 62 ms, this
-    one 22-27 ms.
+    floats; its scales folded into the weights, so a tile product covers more than one
+    16-element sub-block with no int32 scaling step between them).
 
     raw       # (n_out * nsb * 210,) uint8
     n_chunks  # runs of rows, one per thread
@@ -509,7 +509,7 @@ def matmul_q6_k_rows(raw, n_out, amx, n_chunks, x, out):
     n_amx = n_tok // AMX_TOKENS * AMX_TOKENS if amx and tiled else 0
     bact = q6k_pack_acts(xq, n_amx, n_in) if n_amx else np.empty(0, np.int8)   # (not for decode steps)
     # AMX passes over tokens: rebuilding the weight tiles costs more here than reading the
-    # activations from L3 (passes of 112 tokens of an 8960-wide input were 1.2x slower than one of 512)
+    # activations from L3, so the passes are long (Q6K_AMX_TOKENS) even past L2
     tile = max(AMX_TOKENS, min(n_amx, Q6K_AMX_TOKENS))
     for c in prange(n_chunks):
         r0, r1 = chunk_groups(c, n_chunks, n_out)

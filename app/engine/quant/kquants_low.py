@@ -26,8 +26,9 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.f16 import decode_f16, decode_f16_plane
+from ..cpu.threads import chunk_groups
 from .activations import quantize_q8_k
-from .layout import GROUP, chunk_groups, group_span, pad_group, tile_plane
+from .layout import GROUP, group_span, pad_group, tile_plane
 
 QK_K = 256
 
@@ -172,7 +173,7 @@ def _q2_sums(qs_b, w, xk, p):
 def _q3_sums(hm_b, qs_b, w, xk, p):
     """Q3_K, one super-block: p[s, i] = sum over sub-block s of q * a, q in [-4, 3]
     (16 * 4 * 127 < 2**15). Given the super-block's slices rather than the group's planes
-    and an offset: with the offset, LLVM left this loop scalar (5x slower, measured).
+    and an offset: with the offset, LLVM leaves this loop scalar.
 
     hm_b  # (32 * w,) uint8;  qs_b  # (64 * w,) uint8
     xk    # (256,) int16;  p  # (16, GROUP) int16 out

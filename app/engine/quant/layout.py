@@ -1,11 +1,13 @@
-"""Pieces shared by the quantized-matrix kernels: the row-group weight layout and f16 bit tricks.
+"""Pieces shared by the quantized-matrix kernels: the row-group weight layout (and why the f16
+scales convert as they do, with ops/f16.py).
 
 Row-group layout
 ----------------
 A GGUF matrix stores each output row as a run of blocks (``d, m, qs...`` interleaved). Our
 kernels instead vectorise *across output rows*: SIMD lane i works on row r0+i, so each weight
-byte is multiplied by one broadcast activation and no block needs a horizontal sum (the
-per-16-byte-block loop of the naive layout ran at ~1 GB/s, see docs/ARCHITECTURE.md, "Weights stay quantized"). This is
+byte is multiplied by one broadcast activation and no block needs a horizontal sum (the naive
+layout's loop over 16-byte blocks pays one for every block and streams far below the memory's
+rate, see docs/ARCHITECTURE.md, "Weights stay quantized"). This is
 the idea of llama.cpp's "repack" formats (ggml-cpu/repack.cpp, e.g. block_q4_0x8 interleaves
 8 rows), here with GROUP = 16 rows: 16 int16 lanes fill one AVX2 register.
 
@@ -20,18 +22,16 @@ A kernel thus reads each group as one sequential sweep of ``16 * k`` units, and 
 a vector load needs are adjacent. The planes of one matrix together hold exactly the bytes of
 the GGUF tensor: no padding, no f32 copy (docs/ARCHITECTURE.md, "Weights stay quantized").
 
-Threads take contiguous runs of groups (``chunk_groups``), so every matrix with a multiple of
+Threads take contiguous runs of groups (``chunk_groups``, cpu/threads.py), so every matrix with a multiple of
 32 rows splits evenly over 2 threads.
 
 f16 scales
 ----------
-numba has no float16 type on the CPU, so f16 bit patterns are converted with integer ops
-that vectorise. Scales are converted per call (keeping them f16 keeps the byte count), so the
-conversion is on the hot path: ``f16_to_f32_plain`` (shift, then one multiply by 2**112, which
-moves the exponent bias exactly; 0.16 ns/value here) is used for planes that ``f16_plane_is_plain``
-found to hold only zeros and normal finite values, and the general ``f16_to_f32`` (subnormals,
-inf, nan; 0.5 ns/value) otherwise. Neither relies on denormal arithmetic, so both stay exact
-with FTZ/DAZ set.
+The conversions live in ops/f16.py. Scales are converted per call (keeping them f16 keeps the
+byte count), so the conversion is on the hot path: ``decode_f16_plain`` (shift, then one
+multiply by 2**112, fewer operations a value) is used for planes that ``f16_plane_is_plain``
+found to hold only zeros and normal finite values, and the general ``decode_f16`` (subnormals,
+inf, nan) otherwise (``decode_f16_plane`` chooses).
 
 numba's on-disk cache (cache=True) keys a kernel on its own source file only, so the engine keeps
 its kernels in a folder keyed on all its sources (kernel_cache.py): editing this module starts
@@ -40,10 +40,10 @@ a fresh cache rather than leaving the kernels that inline it with the old code.
 from __future__ import annotations
 
 import numpy as np
-from numba import get_num_threads, njit
-from numba.np.ufunc import parallel as _numba_parallel
+from numba import njit
 
 from ..cpu.numa import placed_empty
+from ..cpu.threads import num_threads
 
 GROUP = 16  # rows per group: 16 int16 lanes of an AVX2 register
 
@@ -93,40 +93,8 @@ def pad_group(src, k, w):
     return dst
 
 
-@njit(nogil=True, cache=True, inline="always")
-def chunk_groups(c, n_chunks, n_groups):
-    """(g0, g1): the contiguous run of groups that chunk c of n_chunks handles."""
-    return c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks
-
-
 def n_chunks_for(n_out: int) -> int:
     """Chunks for a kernel's prange: one per numba thread (each allocates its scratch once),
     never more than groups. Asked from Python: numba.get_num_threads() inside a kernel would
     stop it being cached."""
     return max(1, min(-(-n_out // GROUP), num_threads()))
-
-
-_fast_get_num_threads = None
-
-
-def num_threads() -> int:
-    """numba's thread count for the calling thread (it is per thread, so it is asked each
-    time, not cached). numba.get_num_threads() takes a lock on every call (1.4 us, and a
-    decode step makes ~200 products); once numba's pool is up, its ctypes getter answers in
-    0.2 us."""
-    global _fast_get_num_threads
-    getter = _fast_get_num_threads
-    if getter is None:
-        if not getattr(_numba_parallel, "_is_initialized", False):
-            return get_num_threads()
-        getter = _fast_get_num_threads = getattr(_numba_parallel, "_get_num_threads", get_num_threads)
-    n = getter()
-    return n if n > 0 else get_num_threads()
-
-
-# ---- float helpers (numba)
-
-
-# ---- f16 <-> f32 (numba)
-
-

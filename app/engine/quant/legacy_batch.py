@@ -6,8 +6,8 @@ Why: llama.cpp multiplies a prompt's batch by these formats with its integer dot
 prompt read through float32 sgemm instead (quant/blas.py, what a BLAS build does) gives
 logits without that 8-bit rounding (0.3-0.5 apart on Qwen2.5-0.5B and Gemma 3), and greedy
 text parts at near-ties. legacy.py's per-token kernels
-keep those numbers but unpack every weight nibble again for each token: 4.4x slower than
-sgemm at 512 tokens (Qwen2.5-0.5B and Gemma 3 keep most of their matrices in Q5_0/Q8_0).
+keep those numbers but unpack every weight nibble again for each token, far slower than sgemm
+on a long batch (Qwen2.5-0.5B and Gemma 3 keep most of their matrices in Q5_0/Q8_0).
 
 How: a group of 16 rows is unpacked once into float32 *integers* (q - 8, q - 16, q: the exact
 quants, ``wf``), and every token's 8-bit activations are float32 integers too (``xf``). Lane l
@@ -21,15 +21,14 @@ integer part moved to float units, where AVX2/AVX-512 do 8-16 multiply-adds per 
 
 The loop runs lane by lane: for one lane l, tokens k..k+3 and 16 rows, the chain over the
 blocks holds 8 vectors of accumulators in registers and reuses each weight vector for 4
-tokens (measured on Gemma 3's 2048x640 Q5_0 gate at 512 tokens, 2 threads: 11.8 ms against
-sgemm's 8.3 and legacy.py's 54).
+tokens, so the weights are unpacked once a batch and loaded once for 4 tokens.
 
 Where the CPU has AVX-512 VNNI the integer part stays integer: each lane sum of 8 rows is one
 ``vpdpbusd`` (4 unsigned weight bytes times 4 signed activation bytes, summed into an int32),
 started from -offset * (the 4 activations' sum) so the unsigned quants (q + 128 for Q8_0) give
-the signed sum; one conversion to float and the same FMA follow (Gemma 3's gate at 512 tokens:
-7.0 ms against sgemm's 8.3; whole prefills of 512 tokens 1.2x sgemm's tokens/s on Gemma 3,
-Qwen2.5-0.5B and SmolLM2). Both forms give the same integers, so the same bits; the tests run
+the signed sum; one conversion to float and the same FMA follow. Four byte products an int32
+lane and instruction make this form faster than sgemm on long batches (docs/benchmarks.md).
+Both forms give the same integers, so the same bits; the tests run
 both on any CPU (``dpbusd`` is emulated exactly without VNNI).
 """
 from __future__ import annotations
@@ -40,16 +39,16 @@ from numba import njit, prange
 from ..ops.f16 import decode_f16_plane
 from ..ops.simd import add8, fma8, load8, mul8, splat8_2d, store8, store8_2d, zero8
 from ..ops.simd_int import bcast32, dpbusd, load256, to_f32
+from ..cpu.threads import chunk_groups
 from .activations import quantize_q8_0, quantize_q8_1
-from .layout import GROUP, chunk_groups, group_span
+from .layout import GROUP, group_span
 from .legacy import group_planes
 
 QK = 32
 TOKENS = 4  # tokens per pass over a group's weights: 8 accumulators + 8 weight vectors in registers
 LANES = 8 * GROUP  # one token's lane sums in the lanes scratch: 8 lanes of GROUP rows
 # From this many tokens VNNI's form is the faster (its second unpacking costs more than it saves
-# in a short batch): Gemma 3's 2048x640 Q5_0 at 16 tokens 0.79 ms against 0.74, at 64 1.45
-# against 1.70, at 512 7.0 against 11.8 (sgemm 8.3)
+# in a short batch)
 VNNI_MIN_TOKENS = 32
 
 # unpack codes: how a row group's bytes become wf (legacy.KIND_* for the nibble formats)

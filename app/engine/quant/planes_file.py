@@ -8,7 +8,7 @@ in from the page cache as the first products read them. The pages are the file's
 evictable, not anonymous memory: two processes on one model share them.
 
 The file's name holds the model's fingerprint (a hash of its size and its first and last 4 MiB,
-model/gguf_file.py, as the KV caches' key), ``LAYOUT_VERSION``, which changes whenever a repack
+header/gguf_file.py, as the KV caches' key), ``LAYOUT_VERSION``, which changes whenever a repack
 layout changes (a test pins it to digests of every layout), and the machine's layout variant
 (AVX2 or generic), so a changed model or layout finds no file and writes a new one.
 

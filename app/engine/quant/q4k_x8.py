@@ -16,8 +16,9 @@ from numba import njit, prange
 
 from ..cpu.numa import placed_empty
 from ..ops.simd_int import load256, sll32, splat32, srl32, vand, vor
+from ..cpu.threads import chunk_groups
 from .activations import QK_K
-from .layout import chunk_groups, n_chunks_for
+from .layout import n_chunks_for
 
 ROWS_X8 = 8                      # rows of a Q4_K group
 Q4K_BYTES = 144                  # block_q4_K
@@ -27,8 +28,8 @@ Q4K_X8_BYTES = ROWS_X8 * Q4K_BYTES
 def repack_q4_k_x8(raw, n_out, n_in):
     """raw (n_out, n_in // 256 * 144) uint8 GGUF rows -> {"x8": (groups * nsb * 1152,) uint8} in
     the layout above; a last group of fewer than 8 rows is filled with zero rows. One parallel
-    pass over the bytes (numpy's four transposing copies took 3.1 s of every start on the 1.5B
-    model, this ~0.3 s)."""
+    pass over the bytes, on every thread, where numpy's transposing copies would make four
+    single-threaded passes at every start."""
     nsb = n_in // QK_K
     groups = -(-n_out // ROWS_X8)
     src = np.asarray(raw, dtype=np.uint8).reshape(n_out, nsb * Q4K_BYTES)

@@ -2,10 +2,9 @@
 a decode step's q, k and v (one input, the normed residual) and its gate and up.
 
 Why: at one token a product's fixed costs (the call from Python, quantizing the activations,
-starting the threads, the first lines of its weights from memory) do not shrink with the matrix.
-Measured inside Qwen2.5-Coder-1.5B's decode steps at 512 tokens (two threads, AMD EPYC): k and v
-(256 x 1536 Q4_K, 221 KB) took 18-20 us a call where their bytes stream in ~6, q and the attention
-output (1536 x 1536) 54-60 us for ~35; gate and up streamed at 33-34 GB/s against the kernels' 37-39.
+starting the threads, the first lines of its weights from memory) do not shrink with the matrix,
+so small matrices such as k and v (256 x 1536 Q4_K, 221 KB, in Qwen2.5-1.5B) take several times
+the time their bytes need to stream, and even gate and up stream below the kernels' rate.
 Stacked, the threads share out the groups of all of them and pay those costs once.
 
 Stacked here: Q4_K matrices on the AVX2 kernels (their 8-row groups are independent, so each row
@@ -19,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..cpu.threads import num_threads
 from . import kquants_avx2
-from .layout import num_threads
 from .q4k_x8 import ROWS_X8
 from .qmatrix import QMatrix, token_activations
 

@@ -3,11 +3,11 @@ of decode speed on this machine, closer to it than the read bandwidth (cpu/bandw
 
 Why a second probe: a decode step multiplies every weight byte once, so its speed is at most the
 weight bytes over the rate the kernels get through them. The read probe sums memory with nothing
-else to do and says what the memory allows; the kernels also unpack, multiply and add, and on the
-machine this was written on (2 Zen 4 cores) they streamed 28-36 GB/s from memory in minutes when
-the read probe said 32-55 GB/s; the 1.5B model then decoded at 80-85 % of the kernels' figure
-(attention, norms and the calls between products take the rest) and at 54-75 % of the read
-probe's. Speeds predicted from the read probe were up to twice what a person then got.
+else to do and says what the memory allows; the kernels also unpack, multiply and add, so they
+stream less than that, and by an amount that varies with the machine. Decode then reaches most
+of the kernels' figure (attention, norms and the calls between products take the rest) but a
+smaller and less steady share of the read probe's, so a speed predicted from the read probe
+overstates what a person gets (docs/benchmarks.md has the figures).
 
 What it runs: one token through products shaped as a 1.5B model's feed-forward matrices, in
 the proportions of a Q4_K_M file (two thirds of the bytes Q4_K, 8960 x 1536, a third Q6_K,
@@ -98,7 +98,7 @@ def weight_matrices(nbytes: int) -> list[QMatrix]:
 def probe_weight_stream(threads: int = 0, nbytes: int = 0, repeats: int = DEFAULT_REPEATS) -> StreamProbe:
     """One token through every matrix of ``weight_matrices(nbytes)`` (0: ``default_stream_bytes()``)
     on ``threads`` numba threads (0: the calling thread's count), ``repeats`` times; the best and
-    median weight GB/s. About 0.5 s on 2 cores at 256 MiB, most of it making the matrices."""
+    median weight GB/s. Most of the time is making the matrices, not streaming them."""
     matrices = weight_matrices(nbytes or default_stream_bytes())
     rng = np.random.default_rng(0)
     x = {n: rng.standard_normal((1, n)).astype(np.float32) for n in (N_NARROW, N_WIDE)}  # n_in -> (1, n_in)
