@@ -166,15 +166,17 @@ class Session:
         return self.backend(None)
 
     def ask(self, question: str, doc_ids, *, whole: bool = False, greedy: bool = False,
-            max_tokens: int | None = None, params: SamplingParams | None = None, **kwargs):
+            max_tokens: int | None = None, params: SamplingParams | None = None, backend=None, **kwargs):
         """Answer ``question`` about ``doc_ids`` on the backend sized for it (qa/answer.py
         ``answer``; ``kwargs`` are its sinks, options, conversation and ``save``). ``params``: a
-        request's own sampling (the API's), else the settings' (``greedy``, ``max_tokens``)."""
+        request's own sampling (the API's), else the settings' (``greedy``, ``max_tokens``).
+        ``backend``: the one ``question_backend`` gave this caller already (a chat keeps one for all
+        its turns; the API checks the request against its context first), else it is asked now."""
         from app.qa.answer import DOCUMENT, AnswerOptions, answer
 
         if whole:
             kwargs["options"] = replace(kwargs.get("options") or AnswerOptions(), source=DOCUMENT)
-        backend = self.question_backend(doc_ids, whole)
+        backend = backend if backend is not None else self.question_backend(doc_ids, whole)
         return answer(self.store, backend, question, list(doc_ids), params or self.sampling(greedy, max_tokens),
                       model_name=self.model_path.name, **kwargs)
 

@@ -159,8 +159,8 @@ class ChatService:
             with self._lock:
                 conv = self._conversations.pop(key, None) or Conversation(None, list(req.turns))
             try:
-                result = session.ask(req.question, doc_ids, params=params, on_text=on_text, cancel=cancel,
-                                     save=False, conversation=conv)
+                result = session.ask(req.question, doc_ids, params=params, backend=backend, on_text=on_text,
+                                     cancel=cancel, save=False, conversation=conv)
             except (AskError, ValueError) as e:
                 raise bad(str(e), "messages", code="context_length_exceeded" if "context" in str(e) else None) from e
             with self._lock:

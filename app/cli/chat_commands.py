@@ -79,6 +79,7 @@ def cmd_chat(ctx: Context) -> int:
     """A line-editing prompt: each question a turn of one thread, answers streamed with their pages."""
     from app.qa.answer import AskError
     from app.qa.conversation import Conversation
+    from app.session import SessionError
 
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -86,7 +87,7 @@ def cmd_chat(ctx: Context) -> int:
         pass
     a = ctx.args
     target, conversation, doc_ids = conversation_for(ctx)
-    ctx.noted(None)
+    backend = ctx.noted(ctx.session.question_backend(doc_ids))     # loaded before the first question, kept for all
     titles = [(ctx.store.document(d) or {}).get("title", str(d)) for d in doc_ids]
     err(f"Chatting about {'; '.join(titles[:3])}{f' and {len(titles) - 3} more' if len(titles) > 3 else ''}"
         + (f" (thread {conversation.thread_id}, {len(conversation.turns)} turns so far)" if conversation.thread_id
@@ -108,10 +109,10 @@ def cmd_chat(ctx: Context) -> int:
         new_thread(ctx, conversation, doc_ids, question, target)
         print("\neLLM> ", end="", flush=True)
         try:
-            result = ctx.session.ask(question, doc_ids, greedy=a.greedy, max_tokens=a.max_tokens,
+            result = ctx.session.ask(question, doc_ids, greedy=a.greedy, max_tokens=a.max_tokens, backend=backend,
                                      on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
                                      progress=ProgressLine("chat"), conversation=conversation)
-        except (AskError, ValueError, KeyboardInterrupt) as e:
+        except (AskError, SessionError, ValueError, KeyboardInterrupt) as e:
             err(f"ellm: {e}" if not isinstance(e, KeyboardInterrupt) else "\n(stopped)")
             forget_if_empty(ctx, conversation)
             continue

@@ -76,7 +76,7 @@ def cmd_ask(ctx: Context) -> int:
         new_thread(ctx, conversation, doc_ids, a.question, target)
     try:
         result = ctx.session.ask(a.question, doc_ids, whole=a.whole, greedy=a.greedy, max_tokens=a.max_tokens,
-                                 on_text=show, progress=ProgressLine("ask"), options=options,
+                                 backend=backend, on_text=show, progress=ProgressLine("ask"), options=options,
                                  conversation=conversation if a.thread is not None else None)
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e

@@ -34,6 +34,8 @@ class Backends:
                 return backend
             reclaimable = sum(_file_size(k[1]) for k in self._held)
             validate_model(plan.model, plan.n_ctx, reclaimable=reclaimable)
+            # let the loaded model go before the next one loads (its memory counted as free above):
+            # if loading fails, the next question loads its model again
             self._held.clear()
             backend = self._held[key] = load(plan)
             return backend

@@ -72,8 +72,8 @@ def run_plan(engine: str | EngineChoice, model_path: str | Path, n_ctx: int, thr
     trained = choice.context_length
     ours = choice.name == "ellm"
     try:
-        plan = thread_plan(threads, numa)
-    except (OSError, ValueError):      # no /sys to read: the count alone, placed by the OS
+        plan = thread_plan(threads, numa)       # a bad count or policy is refused here (ValueError)
+    except OSError:                             # no /sys to read: the count alone, placed by the OS
         plan = threads
     return RunPlan(engine=choice.name, model=str(model_path), n_ctx=int(n_ctx), kv=kv, attention=attention,
                    sparse=SparseConfig(mode=attention).for_context(n_ctx, trained or n_ctx) if ours else None,

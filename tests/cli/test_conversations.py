@@ -49,6 +49,16 @@ def test_an_unknown_thread_and_a_thread_with_a_target_are_refused(cli, ingested)
     assert rc == 1 and "--doc" in err and "--thread" in err
 
 
+def test_chat_with_a_model_that_cannot_load_says_so_before_the_prompt_and_stores_nothing(cli, ingested,
+                                                                                         monkeypatch, tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("These are my notes, saved with the wrong name.\n" * 40)
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{QUESTION}\n/quit\n"))
+    rc, out, err = cli("chat", "--doc", "treaty.pdf", "--model", str(bad))
+    assert rc == 1 and "not a GGUF model file" in err and "Chatting about" not in err and "eLLM> " not in out
+    assert cli("threads", "--json", json_out=True)[1] == []
+
+
 def test_chat_answers_each_line_as_a_turn_of_one_thread(cli, ingested, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(f"{QUESTION}\n\nFor how many years?\n/quit\n"))
     rc, out, err = cli("chat", "--doc", "treaty.pdf", *LLAMACPP)
