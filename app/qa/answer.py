@@ -325,7 +325,7 @@ class _Job:
                               PromptLayout(backend, []), keep=False)
         result.answered_from = FROM_PASSAGES
         n = sum(1 for p in passages if any(p.doc_id == pg.doc_id and p.page == pg.number for pg in pages))
-        result.note = f"Answered from {n} passages ({page_ranges(pages)})" + (
+        result.note = f"Answered from {n} passage{'' if n == 1 else 's'} ({page_ranges(pages)})" + (
             f": {_titles(unread)} {'is' if len(unread) == 1 else 'are'} not read yet; once read, questions see "
             f"the whole text." if unread else ".")
         self._save(result)

@@ -110,7 +110,7 @@ class AskPane(QWidget):
         self.note = info_label("", "note")
         self.note.setVisible(False)
         top_layout.addWidget(self.note)
-        self.stats = info_label("", "stats", wrap=False)
+        self.stats = info_label("", "stats")     # wraps: the pane may be narrower than the line
         top_layout.addWidget(self.stats)
         # A document read into its cache for this question: tokens read of total (the line above
         # says which document and the time left). Hidden otherwise.

@@ -291,6 +291,12 @@ class DocumentViewer(QWidget):
             visible.setPosition(start)
             self.text.setTextCursor(visible)
             self.text.ensureCursorVisible()
+            # the passage near the top of the view, not at its bottom edge
+            bar = self.text.verticalScrollBar()
+            bar.setValue(bar.value() + self.text.cursorRect().top() - self.text.fontMetrics().height())
+        else:
+            self.text.moveCursor(QTextCursor.Start)     # a page opens at its top
+            self.text.verticalScrollBar().setValue(0)
         self.text.setExtraSelections(selections)
 
     def highlighted_text(self) -> str:

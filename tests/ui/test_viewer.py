@@ -76,6 +76,24 @@ def test_text_pages_keep_their_structure_and_highlight_a_citation(qtbot, window,
     assert "could not be located" in window.statusBar().currentMessage()
 
 
+def test_a_long_text_page_opens_at_its_top_and_brings_a_cited_passage_to_the_top(qtbot, window, tmp_path):
+    folder = tmp_path / "log"
+    folder.mkdir()
+    entries = [f"Day {i}: the barge number {i} entered the east lock with timber." for i in range(1, 80)]
+    make_text(folder / "log.txt", "Lock log\n\n" + "\n\n".join(entries) + "\n")
+    ingest(qtbot, window, folder)
+    log = doc_id(window, "log.txt")
+    window.library.select_id(log)
+    v = window.viewer
+    bar = v.text.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)          # longer than the viewer: it scrolls
+    assert bar.value() == 0 and v.text.textCursor().position() == 0
+    cited = "Day 20: the barge number 20 entered the east lock with timber."
+    assert v.show_citation(log, 1, cited) and v.highlighted_text() == cited
+    top = v.text.cursorForPosition(v.text.viewport().rect().topLeft()).block().text()
+    assert top.startswith(("Day 19", "Day 20")), top      # the passage near the top, not at the bottom edge
+
+
 def test_a_citation_opens_another_document_and_page(qtbot, window, corpus):
     ingest(qtbot, window, corpus)
     window.library.select_id(doc_id(window, "notes.txt"))
