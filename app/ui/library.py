@@ -20,7 +20,7 @@ ALL_FOLDERS = "All folders"
 PAGES_WIDTH = 48
 TOKENS_WIDTH = 58   # "61.2K", "1.23M"
 STATUS_WIDTH = 68
-READ_SAMPLE = "read, 931.5 MiB"   # the Read column's widest usual text: a cache's size on disk ("no, #3": its place)
+READ_WIDTH = 76     # "no, #3" whole; "read, 931 MiB" may elide (the title keeps the most room; the tooltip has it all)
 WATCH_DELAY_MS = 1500  # editors write a file in several steps; wait for the last one
 MAX_WATCHED_FILES = 4000  # inotify watches are a per-user budget; past this, folders only (Rescan finds edits)
 
@@ -83,8 +83,7 @@ class LibraryPane(QWidget):
         header.setSectionResizeMode(0, QHeaderView.Stretch)
         # The others keep their widths (a person can drag them wider); a failure reason or
         # "reading 42 %, 3 min left" elides, whole in the tooltip and the details line.
-        read_width = self.table.fontMetrics().horizontalAdvance(READ_SAMPLE) + 16   # the text and the cell's margins
-        for col, width in ((1, PAGES_WIDTH), (2, TOKENS_WIDTH), (3, STATUS_WIDTH), (READ_COLUMN, read_width)):
+        for col, width in ((1, PAGES_WIDTH), (2, TOKENS_WIDTH), (3, STATUS_WIDTH), (READ_COLUMN, READ_WIDTH)):
             header.setSectionResizeMode(col, QHeaderView.Interactive)
             header.resizeSection(col, width)
         self.table.itemSelectionChanged.connect(self._selection_changed)
