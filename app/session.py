@@ -122,9 +122,7 @@ class Session:
         own choices where a person made them, else eLLM's (runtime/auto.py), decided once."""
         try:
             return plan_for(self.settings, self.model_path, doc_tokens, self.paths.planes_dir)
-        except ModelError as e:
-            raise SessionError(str(e)) from e
-        except ValueError as e:
+        except (ModelError, ValueError) as e:
             raise SessionError(str(e)) from e
 
     def backend(self, doc_tokens: int | None = None):

@@ -6,6 +6,7 @@ outside the repo."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,11 +47,17 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every check."""
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
     """(absolute module, imported names) of every import in ``path``, at any depth."""
     package = _name(path) if path.name == "__init__.py" else _name(path).rsplit(".", 1)[0]
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             out += [(a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -163,7 +170,7 @@ def test_no_module_imports_another_in_a_cycle():
 def _private_names_defined(path: Path) -> set[str]:
     """Underscore names a module defines: functions, classes, attributes it assigns, globals."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
@@ -182,7 +189,7 @@ def test_no_module_reads_another_modules_private_attributes():
     everywhere = set().union(*defined.values())
     wrong = []
     for path in _modules():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
                     and node.attr in everywhere and node.attr not in defined[path]):
@@ -212,7 +219,7 @@ def test_no_front_end_sizes_a_backend():
     for path in _modules():
         if _name(path).split(".")[1:2] not in (["ui"], ["cli"], ["api"], ["batch"]):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr in ("backend", "doc_tokens", "question_tokens", "chosen")):
                 wrong.append(f"{_name(path)}:{node.lineno} calls .{node.func.attr}()")

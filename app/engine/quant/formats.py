@@ -73,10 +73,6 @@ def _nibbles_batch(kind: int) -> Callable[[Planes, bool], tuple]:
     return lambda p, plain: (p["qs"], p.get("qh", NO_BYTES), p["d"], p.get("m", NO_U16), kind, plain)
 
 
-def _q8_0(p: Planes, n_out: int, plain: bool) -> Kernels:
-    return legacy.rows_q8_0, (p["qs"], p["d"], n_out), legacy.matmul_q8_0, (p["qs"], p["d"], plain, n_out)
-
-
 def _q45_k(has_qh: bool) -> Callable[[Planes, int, bool], Kernels]:
     def bind(p: Planes, n_out: int, plain: bool) -> Kernels:
         args = (p["d"], p["dmin"], p["scales"], p["qh"] if has_qh else NO_BYTES, p["qs"], has_qh)
@@ -112,17 +108,18 @@ def _file_blocks(raw: np.ndarray, n_out: int, n_in: int) -> Planes:
     return {"raw": np.asarray(raw, dtype=np.uint8).reshape(-1)}
 
 
-def weight_formats(avx2: bool = HAS_AVX2, vnni: bool = HAS_VNNI) -> dict[GGMLQuantizationType, WeightFormat]:
-    """The table of every weight type the engine runs, for a CPU with (or without) AVX2 and VNNI."""
+def weight_formats(avx2: bool = HAS_AVX2) -> dict[GGMLQuantizationType, WeightFormat]:
+    """The table of every weight type the engine runs, for a CPU with (or without) AVX2 (VNNI and
+    AMX are this CPU's: the kernels bind them)."""
     legacy_kinds = {Q.Q4_0: legacy.KIND_Q4_0, Q.Q4_1: legacy.KIND_Q4_1, Q.Q5_0: legacy.KIND_Q5_0,
                     Q.Q5_1: legacy.KIND_Q5_1}
     repacks = {Q.Q4_0: legacy.repack_q4_0, Q.Q4_1: legacy.repack_q4_1, Q.Q5_0: legacy.repack_q5_0,
                Q.Q5_1: legacy.repack_q5_1}
     table = [
         *(WeightFormat(qt, repacks[qt], _nibbles(kind), ("d", "m") if kind & 1 else ("d",),
-                       batch=_nibbles_batch(kind), integer_batches=vnni) for qt, kind in legacy_kinds.items()),
-        WeightFormat(Q.Q8_0, legacy.repack_q8_0, _q8_0, ("d",), batch=_nibbles_batch(legacy_batch.UNPACK_Q8_0),
-                     integer_batches=vnni),
+                       batch=_nibbles_batch(kind), integer_batches=HAS_VNNI) for qt, kind in legacy_kinds.items()),
+        WeightFormat(Q.Q8_0, legacy.repack_q8_0, _planes_bound(legacy.rows_q8_0, legacy.matmul_q8_0, ("qs", "d")),
+                     ("d",), batch=_nibbles_batch(legacy_batch.UNPACK_Q8_0), integer_batches=HAS_VNNI),
         WeightFormat(Q.Q2_K, kquants_low.repack_q2_k,
                      _planes_bound(kquants_low.rows_q2_k, kquants_low.matmul_q2_k, ("scales", "qs", "d", "dmin")),
                      ("d", "dmin")),
