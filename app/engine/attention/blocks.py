@@ -27,7 +27,7 @@ from .products_amx import pack_key, pack_value, zero_padding
 from .products import merge_runs
 from .state import AttentionState
 from .select import Selection, nominal_distance, select
-from .votes import observed_attention, observing
+from .votes import add_votes, observed_attention, observing, vote_blocks, votes_from_own_scores
 
 _NEG_INF = np.float32(-np.inf)
 
@@ -46,6 +46,19 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, sta
     n_tok, _, head_dim = q.shape
     n = pos0 + n_tok
     first = observing(state, pos0, n_tok)
+    if (first is not None and VOTES_FROM_PREFILL and votes_from_own_scores(cfg, cache, n)
+            and _prefill_gives_masses(q, cache, n)):
+        # The question reads every block at its true position anyway: the block masses it votes
+        # with come from the scores of its own attention, not from a second pass over the keys.
+        span = vote_blocks(cache, cfg, layer, pos0 + first, n)
+        if span is None:
+            return _attend(q, cache, layer, pos0, state, rope, neox, n)
+        n_sink, end = span
+        group = q.shape[1] // cache.config.n_kv_heads
+        mass = np.empty((cache.config.n_kv_heads, (n_tok - first) * group, end), np.float32)   # (KVH, R, NB)
+        out = _attend(q, cache, layer, pos0, state, rope, neox, n, masses=(first * group, mass))
+        add_votes(state, layer, mass[:, :, n_sink:], n_sink, end)
+        return out
     if first is not None:
         cos, sin = rope.rows(0, max(n, nominal_distance(cfg, cache.block, 1)) + cache.block + 1)
         a = cache.arrays(layer)
@@ -67,9 +80,10 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, sta
 
 
 def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState, rope, neox: bool,
-            n: int) -> np.ndarray:
+            n: int, masses=None) -> np.ndarray:
     """attend_blocks for queries at pos0.. when the cache holds ``n`` tokens (>= pos0 + T:
-    the later ones are masked)."""
+    the later ones are masked). masses: (row0, mass), the block masses of the query rows from
+    row0 on to be written by a dense prefill (_prefill)."""
     n_tok, _, head_dim = q.shape
     cos, sin = rope.rows(0, n + 1)
     sel = _selection(cache, layer, q, pos0, state, cos, sin, neox)
@@ -78,6 +92,8 @@ def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState
         cos, sin = rope.rows(0, need)
     scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
     a = cache.arrays(layer)
+    if masses is not None and (n_tok == 1 or sel.ranked or sel.compressed):
+        raise ValueError("block masses come from a dense prefill at true positions")
     if n_tok == 1:
         return _decode(q, a, cache, state, n, pos0 + 1, sel, cos, sin, neox, scale)
     if sel.ranked and n_tok <= PER_QUERY_MAX:
@@ -89,13 +105,14 @@ def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState
             sel_t = select(cache, layer, q[t:t + 1], pos0 + t, state, cos, sin, neox)
             out[t] = _decode(q[t:t + 1], a, cache, state, n, pos0 + t + 1, sel_t, cos, sin, neox, scale)[0]
         return out
-    return _prefill(q, a, cache, pos0, n, sel, cos, sin, neox, scale)
+    return _prefill(q, a, cache, pos0, n, sel, cos, sin, neox, scale, masses)
 
 
 PER_QUERY_MAX = 48   # chunks up to this many tokens select per query
 F16_AS_STORED = True   # decode reads f16 blocks as stored (tests switch it off to compare bits)
 AMX_ATTENTION = HAS_AMX_BF16   # prefill products on AMX tiles (tests switch it off to compare)
 AMX_MIN_ROWS = 256             # query rows (tokens x query heads per KV head) from which prefill takes the tiles
+VOTES_FROM_PREFILL = True     # a dense question votes with its own scores (tests switch it off to compare)
 
 
 def _selection(cache, layer, q, pos0, state: AttentionState, cos, sin, neox) -> Selection:
@@ -261,10 +278,28 @@ def _f16_rows(codes):
 # ---- Prefill ---------------------------------------------------------------------------------
 
 
-def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale):
+def _on_tiles(n_rows: int, head_dim: int) -> bool:
+    """Whether a prefill's products of ``n_rows`` query rows per KV head take AMX's bfloat16
+    tiles (products_amx): a chunk of a document being read does; a question's few rows take
+    sgemms, where scattering the keys into the tiles' layout costs about what the tiles save
+    (AMX_MIN_ROWS)."""
+    return AMX_ATTENTION and n_rows >= AMX_MIN_ROWS and head_dim % 32 == 0
+
+
+def _prefill_gives_masses(q, cache: BlockKVCache, n: int) -> bool:
+    """Whether a dense prefill of the queries q (T, H, HD) over ``n`` tokens can give block masses
+    (its products split by keys, on sgemms)."""
+    n_tok, n_heads, head_dim = q.shape
+    group = n_heads // cache.config.n_kv_heads
+    return n_tok > 1 and products.splits_keys(n, n_tok) and not _on_tiles(n_tok * group, head_dim)
+
+
+def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox, scale, masses=None):
     """Queries at pos0.. over their selected blocks; the cache holds ``n`` tokens. Per KV
     head, the blocks are decoded once, then scores, masked softmax and values are one-thread
-    sgemms in numba's threads (attention/products.py)."""
+    sgemms in numba's threads (attention/products.py). masses: (row0, mass (KVH, T*G - row0,
+    NB)) to be filled with the block masses of the query rows from row0 on (products.by_keys),
+    for a selection of every block in order, so that key rows are positions."""
     n_tok, n_heads, head_dim = q.shape
     kvh, ns = sel.blocks.shape
     group = n_heads // kvh
@@ -275,10 +310,9 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
     t_buf = np.empty(ns * B, np.int64)                                      # (N,) true positions
     out_h = np.empty((n_tok * group, head_dim), np.float32)                 # (T*G, HD)
     n_parts = num_threads()
-    # AMX's bfloat16 tiles (products_amx) for a chunk of a document being read; sgemms for a
-    # question's few rows, where scattering the keys into the tiles' layout costs about what the
-    # tiles save (AMX_MIN_ROWS)
-    on_tiles = AMX_ATTENTION and n_tok * group >= AMX_MIN_ROWS and head_dim % 32 == 0
+    on_tiles = _on_tiles(n_tok * group, head_dim)
+    if on_tiles and masses is not None:
+        raise ValueError("block masses come from the sgemms' scores, not AMX tiles")
     if on_tiles:   # packed keys and values: four (padded(N, 32) * HD,) uint16, reused for each head
         packed = tuple(np.empty(products_amx.packed_size(ns * B, head_dim), np.uint16) for _ in range(4))
     else:
@@ -297,7 +331,7 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
                             sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
             with blas.one_blas_thread():
                 products.attend(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
-                                n_parts, out_h)
+                                n_parts, out_h, None if masses is None else (masses[0], B, masses[1][h]))
         out[:, h * group:(h + 1) * group] = out_h.reshape(n_tok, group, head_dim)
     return out
 

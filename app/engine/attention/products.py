@@ -11,7 +11,8 @@ by keys     each thread takes a run of the keys for all the queries, tile by til
             core's L2, and the runs are merged by their log-sum-exp (flash decoding's split
             over the keys). Right for a question after a read document (25 tokens over 31K
             keys: each thread's sgemms get all 150 query rows, and no 9 MB score matrix
-            goes through memory three times).
+            goes through memory three times). It also gives the block masses a question
+            votes with (attention/votes.py) from the same scores, when asked.
 
 Splitting by keys pays where there are many keys per query (its merges and per-tile softmax
 are overhead that a short context does not repay; a long chunk over few keys stays by
@@ -32,16 +33,25 @@ MAX_TILE = 1024          # keys per tile at most (sgemms of 150 x 1024 x 128 run
 
 
 def attend(qh: np.ndarray, k: np.ndarray, v: np.ndarray, key_pos: np.ndarray, query_pos: np.ndarray,
-           group: int, scale: np.float32, n_parts: int, out: np.ndarray) -> None:
+           group: int, scale: np.float32, n_parts: int, out: np.ndarray, masses=None) -> None:
     """out = softmax_masked(qh k^T * scale) v, the work shared by queries or by keys.
 
     qh, out  # (T*G, HD) float32: row t*G + g is query head g of token t
     k, v     # (N, HD) float32;  key_pos  # (N,) int64 ascending;  query_pos  # (T,) int64
+    masses: by_keys' block masses, which only a split by keys gives (``splits_keys``).
     """
-    if k.shape[0] >= KEYS_PER_QUERY * query_pos.shape[0]:
-        by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out)
+    if splits_keys(k.shape[0], query_pos.shape[0]):
+        by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, masses)
     else:
+        if masses is not None:
+            raise ValueError(f"block masses come from a split by keys, not {k.shape[0]} keys for "
+                             f"{query_pos.shape[0]} queries")
         by_queries(qh, k, v, key_pos, query_pos, group, scale, min(n_parts, query_pos.shape[0]), out)
+
+
+def splits_keys(n_keys: int, n_queries: int) -> bool:
+    """Whether attend shares ``n_keys`` keys for ``n_queries`` query tokens by keys."""
+    return n_keys >= KEYS_PER_QUERY * n_queries
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -89,22 +99,47 @@ def visible_keys(key_pos, query_pos, group, n_out, n_rows):
     return limit
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
+def by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, masses=None):
     """attend, each thread taking a run of the keys, tile by tile (shapes as attend's).
+
+    masses: None, or (row0, block, mass) to have the same scores give the block masses the
+    observed queries vote with (attention/votes.py): mass[r - row0, b] = log sum_j exp(scale
+    qh[r] . k_j) over the key rows j of block b, [b*block, (b+1)*block), for the rows r >= row0
+    and the blocks b < mass.shape[1], which every one of those rows must see whole.
+    mass  # (T*G - row0, NB) float32
+    """
+    if masses is None:
+        _by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, qh.shape[0], 1, _NO_MASS)
+    else:
+        row0, block, mass = masses
+        _by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, row0, block, mass)
+
+
+_NO_MASS = np.zeros((0, 0), np.float32)
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def _by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, row0, align, mass):
+    """by_keys: the runs and tiles start at multiples of ``align`` (a block, where block masses
+    are asked for, so that each block lies in one tile).
 
     part_m, part_l  # (P, T*G) float32: each run's running max and exp-sum per query row
     part_acc        # (P, T*G, HD) float32: its unnormalised output
     """
     n_rows, head_dim = qh.shape
     n_keys = k.shape[0]
+    n_mass = mass.shape[1]
     width = max(64, min(MAX_TILE, SCORE_FLOATS // n_rows))
+    width = max(align, width - width % align)
     part_m = np.empty((n_parts, n_rows), np.float32)
     part_l = np.empty((n_parts, n_rows), np.float32)
     part_acc = np.empty((n_parts, n_rows, head_dim), np.float32)
     limit = visible_keys(key_pos, query_pos, group, n_rows, n_rows)   # (T*G,)
+    n_units = -(-n_keys // align)
     for c in prange(n_parts):
-        j0, j1 = chunk_groups(c, n_parts, n_keys)
+        u0, u1 = chunk_groups(c, n_parts, n_units)
+        j0 = u0 * align
+        j1 = min(u1 * align, n_keys)
         m = part_m[c]
         l = part_l[c]
         acc = part_acc[c]
@@ -137,6 +172,12 @@ def by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out):
                 m[r] = mx
                 for d in range(head_dim):
                     acc[r, d] *= corr
+                if r >= row0:   # log sum exp of each block = mx + log(its share of the exp-sum)
+                    for b in range(t0 // align, min(-(-t1 // align), n_mass)):
+                        part = np.float32(0.0)
+                        for j in range(b * align - t0, min((b + 1) * align, t1) - t0):
+                            part += s[r, j]
+                        mass[r - row0, b] = mx + np.log(part) if part > 0 else _NEG_INF
             acc += np.dot(s, v[t0:t1])
     for r in prange(n_rows):
         merge_runs(part_m, part_l, part_acc, r, out[r])

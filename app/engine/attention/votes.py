@@ -18,7 +18,10 @@ reads the sinks, the top-K blocks by votes and every block after the voted ones 
 question and the answer so far), with no per-step ranking at all.
 
 Cost: the observed queries' scores against the whole context, about observe x n x H x HD
-multiply-adds per layer, once per question, plus an exp per score. One numba kernel does it,
+multiply-adds per layer, once per question, plus an exp per score. Where the question attends
+densely at true positions anyway ("sparse-decode" inside the trained context,
+``votes_from_own_scores``), its own attention's scores give the masses (products.by_keys, called
+from attention/blocks.py) and this pass is not made: it was a quarter of a follow-up's wait. One numba kernel does it,
 each thread a run of blocks in pieces (decode keys, one-thread sgemm, log-sum-exp with ggml's
 vectorising exp), rather than one BLAS product over all keys per head and libm's exp: the
 pieces' scores stay in cache between the product and the exp, and ggml's exp vectorises where
@@ -60,11 +63,33 @@ def candidate_end(cache: BlockKVCache, cfg: SparseConfig, n: int, pos0: int) -> 
     return max(0, min((n - cfg.window) // cache.block, pos0 // cache.block))
 
 
+def vote_blocks(cache: BlockKVCache, cfg: SparseConfig, layer: int, pos0: int, n: int) -> tuple[int, int] | None:
+    """The candidate blocks [n_sink, end) the observed queries from pos0 on vote for (the cache
+    holding ``n`` tokens), or None when there is nothing to rank: a dense layer inside the
+    trained context, or no more candidates than an answer token reads anyway."""
+    n_train = cache.config.context_length or n
+    if layer < cfg.dense_layers and n <= n_train:
+        return None
+    end = candidate_end(cache, cfg, n, pos0)
+    n_sink = min(-(-cfg.sinks // cache.block), end)
+    if end - n_sink <= cfg.k_for(1):    # each observed query chooses as an answer token does
+        return None
+    return n_sink, end
+
+
+def votes_from_own_scores(cfg: SparseConfig, cache: BlockKVCache, n: int) -> bool:
+    """Whether the observed queries of a context of ``n`` tokens attend densely at their true
+    positions ("sparse-decode" inside the trained context), so that the scores of their own
+    attention are the ones they vote with (attention/blocks.py takes the masses from them)."""
+    return cfg.dense_prompt and n <= (cache.config.context_length or n)
+
+
 def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState,
                        cos: np.ndarray, sin: np.ndarray, neox: bool, attend_one) -> np.ndarray | None:
     """Attention of the observed queries q (T, H, HD) float32 at pos0.. (before RoPE), each
     over its own top-K blocks by exact mass; adds their votes to ``state.votes[layer]``.
-    Returns (T, H, HD) float32, or None when there is nothing to rank (everything fits).
+    Returns (T, H, HD) float32, or None when there is nothing to rank (everything fits) or the
+    queries attend densely ("sparse-decode" inside the trained context: they only vote).
 
     attend_one(q_t (1, H, HD), n_limit, selection) -> (1, H, HD): the decode kernel.
     """
@@ -74,15 +99,12 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
     n = pos0 + n_tok
     kvh = cache.config.n_kv_heads
     group = n_heads // kvh
-    n_train = cache.config.context_length or n
-    compressed = n > n_train
-    if layer < cfg.dense_layers and not compressed:
+    compressed = n > (cache.config.context_length or n)
+    span = vote_blocks(cache, cfg, layer, pos0, n)
+    if span is None:
         return None
-    end = candidate_end(cache, cfg, n, pos0)
-    n_sink = min(-(-cfg.sinks // B), end)
+    n_sink, end = span
     n_cand = end - n_sink
-    if n_cand <= cfg.k_for(1):    # each observed query chooses as an answer token does
-        return None
     cand = np.arange(n_sink, end, dtype=np.int64)                            # (NC,)
     if compressed:   # every block at one nominal distance: the query turns, the keys stay
         place = np.zeros(n_cand, np.int64)
@@ -101,8 +123,8 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
         qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
         _log_mass(a[0], a[1], a[4], a[5], cache.nb_base, cache.spec.k_bits, h, cand, place,
                   cos, sin, neox, qh, scale, PIECE, n_parts, mass[h])
-    _add_votes(state, layer, mass, n_sink, end)
-    if cfg.dense_prompt and not compressed:
+    add_votes(state, layer, mass, n_sink, end)
+    if votes_from_own_scores(cfg, cache, n):
         return None      # "sparse-decode": the question itself attends densely; it only votes
     out = np.empty(q.shape, np.float32)                                      # (T, H, HD)
     per_query = mass.reshape(kvh, n_tok, group, n_cand).max(axis=2)          # (KVH, T, NC)
@@ -115,7 +137,7 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
     return out
 
 
-def _add_votes(state: AttentionState, layer: int, mass: np.ndarray, n_sink: int, end: int) -> None:
+def add_votes(state: AttentionState, layer: int, mass: np.ndarray, n_sink: int, end: int) -> None:
     """votes[layer][h, b] += sum over the observed query heads of h of the share of block b in
     their softmax over the candidate blocks. mass  # (KVH, T*G, NC) float32 log-masses."""
     share = np.exp(mass - mass.max(axis=2, keepdims=True))

@@ -13,7 +13,8 @@ rotating every key: q_rot(p) . R(P + j) k = (R(p - P) q) . (R(j) k).
 
 The most recent tokens wait in f16 (``tail``) until their block fills, then the block is
 quantized. Blocks of a cache loaded from a file (app/engine/kv/files.py) stay memory-mapped in
-``base`` and are never copied; later blocks go to ``own``, allocated lazily (np.zeros).
+``base`` and are never copied; later blocks go to ``own``, whose pages arrive as blocks are
+written (cpu/pages.py).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from ..cpu.pages import lazy_zeros
 from ..header.model_config import ModelConfig
 from ..ops.f16 import f16_to_f32, f32_to_f16
 from .formats import KVSpec
@@ -64,8 +66,8 @@ class BlockKVCache:
         L, KVH, HD = config.n_layers, config.n_kv_heads, config.head_dim
         self.n_blocks_cap = -(-n_ctx // self.block)
         shapes = code_shapes(spec, self.n_blocks_cap, L, KVH, HD)
-        # np.zeros maps pages lazily: the capacity costs nothing until tokens arrive.
-        self.own = {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
+        # The capacity costs nothing until tokens arrive, and a new block only its own pages.
+        self.own = {name: lazy_zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
         self.base = {name: np.zeros((L, KVH, 0) + shape[3:], dtype)
                      for name, (shape, dtype) in shapes.items()}
         self.nb_base = 0      # blocks [0, nb_base) are read from ``base`` (memory-mapped file)
@@ -158,7 +160,7 @@ class BlockKVCache:
         cap = -(-n_ctx // self.block)
         n_full = self.n_tokens // self.block
         shapes = code_shapes(self.spec, cap, c.n_layers, c.n_kv_heads, c.head_dim)
-        own = {name: np.zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
+        own = {name: lazy_zeros(shape, dtype) for name, (shape, dtype) in shapes.items()}
         for name, a in self.own.items():
             own[name][:, :, self.nb_base:n_full] = a[:, :, self.nb_base:n_full]
         self.own = own

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from ..cpu.pages import lazy_zeros
 from ..header.model_config import ModelConfig
 from ..ops.f16 import f32_to_f16
 
@@ -24,9 +25,9 @@ class KVCache:
     def __init__(self, config: ModelConfig, n_ctx: int):
         self.n_ctx = n_ctx
         shape = (config.n_layers, config.n_kv_heads, n_ctx, config.head_dim)
-        # np.zeros maps fresh pages lazily, so an unused tail of the context costs nothing.
-        self.k = np.zeros(shape, dtype=np.float16)  # (L, KVH, C, HD) float16
-        self.v = np.zeros(shape, dtype=np.float16)  # (L, KVH, C, HD) float16
+        # Pages arrive as positions are written, so an unused tail of the context costs nothing.
+        self.k = lazy_zeros(shape, np.float16)  # (L, KVH, C, HD) float16
+        self.v = lazy_zeros(shape, np.float16)  # (L, KVH, C, HD) float16
         # The same memory as raw bits: numba has no float16 type, the kernels convert
         # with F16C instructions (attention.f16_to_f32).
         self.k_bits = self.k.view(np.uint16)  # (L, KVH, C, HD) uint16

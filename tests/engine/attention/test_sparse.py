@@ -344,6 +344,52 @@ def test_votes_are_the_softmax_shares_of_exact_block_masses(model, monkeypatch, 
     np.testing.assert_allclose(votes, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_obs", [12, 5])
+def test_a_dense_question_votes_with_the_block_masses_of_its_own_scores(model, monkeypatch, n_obs):
+    """"sparse-decode" inside the trained context: the question attends densely, and the block
+    masses its observed tokens vote with come from that attention's scores (products.by_keys)
+    instead of a second pass over the keys. Differential: the votes equal plain numpy's
+    log-sum-exp per block at true distances and the separate pass's (votes._log_mass), and the
+    attention is the same; observed tokens can start inside the chunk (n_obs < T)."""
+    from app.engine.attention import blocks
+    c = model.config
+    n_q, n_total = 12, 30 * B                              # inside the tiny model's 512 tokens
+    pos0 = n_total - n_q
+    cfg = dict(mode="sparse-decode", sinks=B, window=2 * B, top_k=2)
+    q = np.random.default_rng(9).normal(0, 1, (n_q, c.n_heads, c.head_dim)).astype(np.float32)
+    runs = {}
+    for fused in (True, False):
+        monkeypatch.setattr(blocks, "VOTES_FROM_PREFILL", fused)
+        if fused:     # the separate pass must not run
+            monkeypatch.setattr(sparse_votes, "_log_mass", None)
+        else:
+            monkeypatch.undo()
+            monkeypatch.setattr(blocks, "VOTES_FROM_PREFILL", False)
+        cache, state, _ = _planted_cache(model, n_total - 1, 5, 12, cfg)
+        assert sparse_votes.votes_from_own_scores(state.config, cache, n_total)
+        state.observe = (n_total - n_obs, n_total)
+        out = attend_blocks(q, cache, 0, pos0, state, model.rope, model.neox)
+        runs[fused] = (out, state.votes[0])
+    (out, votes), (out_old, votes_old) = runs[True], runs[False]
+    end = votes.shape[1]
+    assert end == (n_total - 2 * B) // B
+    np.testing.assert_allclose(votes, votes_old, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, out_old, rtol=1e-4, atol=1e-5)
+    k, _ = cache.dequantize(0)                               # (KVH, n, HD) block frame
+    group = c.n_heads // c.n_kv_heads
+    want = np.zeros_like(votes)
+    for t in range(n_total - n_obs, n_total):
+        for h in range(c.n_heads):
+            lse = []
+            for b in range(1, end):                          # block 0 is the sink
+                qr = _rotated(model, q[t - pos0, h], t - b * B).astype(np.float64)
+                s = k[h // group, b * B:(b + 1) * B].astype(np.float64) @ qr / math.sqrt(c.head_dim)
+                lse.append(np.log(np.exp(s - s.max()).sum()) + s.max())
+            share = np.exp(np.array(lse) - max(lse))
+            want[h // group, 1:] += share / share.sum()
+    np.testing.assert_allclose(votes, want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_question_after_a_document_keeps_its_checkpoint_and_votes_every_layer(tiny_model):
     from app.engine.backend import SamplingParams
     from app.engine.ellm_backend import EllmBackend
@@ -538,6 +584,32 @@ def test_prefill_products_equal_a_float64_masked_softmax(n_tok, group, n_keys, s
     p = np.exp(s - s.max(axis=1, keepdims=True))
     want = (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_tok,group,n_keys,row0", [(130, 4, 5000, 300), (9, 3, 2600, 0)])
+def test_prefill_split_by_keys_gives_the_block_masses_of_its_scores(n_tok, group, n_keys, row0):
+    """by_keys' block masses (what a dense question votes with): log-sum-exp of each 64-key
+    block's scaled scores for the rows asked, against float64 numpy, with several tiles per
+    thread (runs and tiles start on block boundaries); the attention itself as before."""
+    from app.engine.attention import products
+    rng = np.random.default_rng(n_keys)
+    hd, block = 32, 64
+    qh = rng.standard_normal((n_tok * group, hd)).astype(np.float32)          # (T*G, HD)
+    k = rng.standard_normal((n_keys, hd)).astype(np.float32)                  # (N, HD)
+    v = rng.standard_normal((n_keys, hd)).astype(np.float32)
+    key_pos = np.arange(n_keys, dtype=np.int64)
+    query_pos = n_keys - n_tok + np.arange(n_tok, dtype=np.int64)             # the chunk's own keys last
+    n_blocks = (n_keys - n_tok) // block                                      # seen whole by every row
+    scale = np.float32(hd ** -0.5)
+    out, plain = np.empty_like(qh), np.empty_like(qh)
+    mass = np.full((n_tok * group - row0, n_blocks), np.nan, np.float32)      # (R, NB)
+    products.by_keys(qh, k, v, key_pos, query_pos, group, scale, 2, out, (row0, block, mass))
+    products.by_keys(qh, k, v, key_pos, query_pos, group, scale, 2, plain)
+    np.testing.assert_allclose(out, plain, rtol=1e-4, atol=1e-5)
+    s = (qh[row0:].astype(np.float64) @ k[:n_blocks * block].T.astype(np.float64)) * float(scale)
+    s = s.reshape(s.shape[0], n_blocks, block)
+    want = np.log(np.exp(s - s.max(axis=2, keepdims=True)).sum(axis=2)) + s.max(axis=2)
+    np.testing.assert_allclose(mass, want, rtol=1e-4, atol=1e-4)
 
 
 def _bf16_value(bits):
