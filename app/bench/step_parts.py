@@ -13,7 +13,9 @@ appended to the measured context (``chunk_parts``):
   choice     sparse attention's block choice (select: the blocks' key bounds scored against
              the query), zero for a step that reuses the last choice; in a chunk also the
              observed queries' votes for the blocks an answer reads (observed_attention, with
-             those queries' own attention);
+             those queries' own attention), except where the question attends densely
+             ("sparse-decode" inside the trained window): its attention's products give the
+             votes, timed as attention;
   kernels    the small per-layer kernels: norms, RoPE with the biases, SwiGLU/GeGLU, writing
              the new token's keys and values into the cache;
   other      the rest of the step: the Python between the calls, the embedding row, sampling

@@ -61,7 +61,7 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, sta
         return out
     if first is not None:
         cos, sin = rope.rows(0, max(n, nominal_distance(cfg, cache.block, 1)) + cache.block + 1)
-        a = cache.arrays(layer)
+        a = cache.layer(layer)
         scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
 
         def attend_one(q_t, n_limit, sel):
@@ -91,7 +91,7 @@ def _attend(q, cache: BlockKVCache, layer: int, pos0: int, state: AttentionState
     if need > cos.shape[0]:
         cos, sin = rope.rows(0, need)
     scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
-    a = cache.arrays(layer)
+    a = cache.layer(layer)
     if masses is not None and (n_tok == 1 or sel.ranked or sel.compressed):
         raise ValueError("block masses come from a dense prefill at true positions")
     if n_tok == 1:
@@ -146,29 +146,27 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
     out = np.empty((1, n_heads, head_dim), np.float32)        # (1, H, HD)
     bmax = np.empty((n_heads, ns), np.float32)                 # (H, NS) block score max
     bsum = np.empty((n_heads, ns), np.float32)                 # (H, NS) block exp-sum
-    _decode_kernel(q[0], *a, cache.nb_base, n, n_limit, cache.spec.k_bits, cache.spec.v_bits, F16_AS_STORED,
-                   sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox, scale, n_split,
+    _decode_kernel(q[0], a, n, n_limit, F16_AS_STORED, sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox, scale, n_split,
                    out[0], bmax, bsum, state.block_mass, sel.retrieved[0], sel.retrieved[1])
     return out
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, n_limit, k_bits, v_bits,
-                   as_stored, blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax, bsum, mass, credit0,
-                   credit1):
+def _decode_kernel(q, kv, n, n_limit, as_stored, blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax,
+                   bsum, mass, credit0, credit1):
     """One query token over the selected blocks. Each block is decoded to float32 once and
     read from L1 by all the query heads of its KV head (the group shares the decoding).
 
     q       # (H, HD) float32 before RoPE, at placed position qpos
-    b*/o*   # base (memory-mapped) / own blocks of this layer: kc (KVH, NB, B, HD|HD/2),
-            # kb (KVH, NB, 2, HD) uint16, vc like kc, vs (KVH, NB, B) uint16
-    tail_k, tail_v  # (KVH, B, HD) uint16 f16: the block being filled
+    kv      # the layer's blocks (kv/blocked.py LayerKV)
     as_stored       # f16 blocks read as stored (where HD % 32 == 0), not decoded first: same bits
     blocks, place   # (KVH, NS) int64 block ids and their placed start positions
     out     # (H, HD) float32;  bmax, bsum  # (H, NS) float32 per-block softmax pieces
     mass    # (NB,) float64 += each retrieved block's share of the attention (summed over
             # heads), for columns credit0 <= i < credit1 (sinks and window always get mass)
     """
+    bkc, bvc, okc, ovc, tail_k, tail_v = kv.bkc, kv.bvc, kv.okc, kv.ovc, kv.tail_k, kv.tail_v
+    nb_base, k_bits, v_bits = kv.nb_base, kv.k_bits, kv.v_bits
     n_kv_heads, block, head_dim = tail_k.shape
     n_heads = q.shape[0]
     group = n_heads // n_kv_heads
@@ -218,8 +216,7 @@ def _decode_kernel(q, bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb
                 _attend_block(f16_rows(okc[h, b]), f16_rows(ovc[h, b]), qr, n_valid, scale, s, h, i,
                               bmax, bsum, m, l, acc)
             else:
-                _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits,
-                               v_bits, h, b, n_valid, kx, vx)
+                _decode_chosen(kv, n_full, h, b, n_valid, kx, vx)
                 _attend_block(kx, vx, qr, n_valid, scale, s, h, i, bmax, bsum, m, l, acc)
     # Merge the splits of each head by their log-sum-exp; credit each block its mass.
     for h in range(n_kv_heads):
@@ -321,13 +318,13 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
     for h in range(kvh):
         qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
         if on_tiles:
-            count = _gather_packed(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
+            count = _gather_packed(a, n, h,
                                    sel.blocks[h], sel.place[h], cos, sin, neox, *packed, t_buf)
             q_hi, q_lo = products_amx.pack_queries(qh, n_parts)
             products_amx.attend(q_hi, q_lo, *packed, count, t_buf[:count], true_pos, n_tok * group, group,
                                 scale, n_parts, out_h)
         else:
-            count = _gather(*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, h,
+            count = _gather(a, n, h,
                             sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
             with blas.one_blas_thread():
                 products.attend(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
@@ -337,16 +334,15 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _gather(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, k_bits, v_bits, h,
-            blocks, place, cos, sin, neox, k_out, v_out, t_out):
-    """Decode the selected blocks of KV head h: keys rotated to their placed positions
+def _gather(kv, n, h, blocks, place, cos, sin, neox, k_out, v_out, t_out):
+    """Decode the selected blocks of KV head h of the layer ``kv`` (LayerKV): keys rotated to their placed positions
     (R(place) applied to the block-frame key gives R(place + j) k), values as they are.
     Block i fills rows i*B.. (only the last block can be partial).
 
     blocks, place  # (NS,) int64;  k_out, v_out  # (>= NS*B, HD) float32;  t_out  # (>= NS*B,) int64
     Returns the number of rows written.
     """
-    _, block, head_dim = tail_k.shape
+    _, block, head_dim = kv.tail_k.shape
     n_full = n // block
     ns = blocks.shape[0]
     for i in prange(ns):
@@ -354,8 +350,7 @@ def _gather(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, 
         n_valid = min(block, n - b * block)
         r0 = i * block
         kraw = np.empty((block, head_dim), np.float32)
-        _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits, v_bits,
-                       h, b, n_valid, kraw, v_out[r0:r0 + block])
+        _decode_chosen(kv, n_full, h, b, n_valid, kraw, v_out[r0:r0 + block])
         for j in range(n_valid):
             rotate_vec(kraw[j], cos[place[i]], sin[place[i]], neox, k_out[r0 + j])
             t_out[r0 + j] = b * block + j
@@ -363,15 +358,14 @@ def _gather(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, 
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _gather_packed(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, k_bits, v_bits, h,
-                   blocks, place, cos, sin, neox, k_hi, k_lo, v_hi, v_lo, t_out):
+def _gather_packed(kv, n, h, blocks, place, cos, sin, neox, k_hi, k_lo, v_hi, v_lo, t_out):
     """_gather's keys and values written straight into products_amx's packed bfloat16 pairs
     (no float32 copy of the head's cache between); the padding after the last key zeroed.
 
     k_hi, k_lo, v_hi, v_lo  # (>= packed_size(NS*B, HD),) uint16;  t_out  # (>= NS*B,) int64
     Returns the number of keys written.
     """
-    _, block, head_dim = tail_k.shape
+    _, block, head_dim = kv.tail_k.shape
     n_full = n // block
     ns = blocks.shape[0]
     for i in prange(ns):
@@ -381,8 +375,7 @@ def _gather_packed(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_ba
         kraw = np.empty((block, head_dim), np.float32)
         vraw = np.empty((block, head_dim), np.float32)
         krot = np.empty(head_dim, np.float32)
-        _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits, v_bits,
-                       h, b, n_valid, kraw, vraw)
+        _decode_chosen(kv, n_full, h, b, n_valid, kraw, vraw)
         for j in range(n_valid):
             rotate_vec(kraw[j], cos[place[i]], sin[place[i]], neox, krot)
             pack_key(krot, r0 + j, k_hi, k_lo)
@@ -401,16 +394,17 @@ def _rows(blocks, block, n):
 
 
 @njit(inline="always")
-def _decode_chosen(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n_full, k_bits, v_bits,
-                   h, b, n_valid, k_out, v_out):
-    """Rows 0..n_valid-1 of block b of KV head h as float32, from the tail (f16, not yet
-    quantized), the base blocks or the overflow ones."""
+def _decode_chosen(kv, n_full, h, b, n_valid, k_out, v_out):
+    """Rows 0..n_valid-1 of block b of KV head h of the layer ``kv`` (LayerKV) as float32, from
+    the tail (f16, not yet quantized), the base blocks or the cache's own."""
     if b >= n_full:
-        _decode_block(tail_k[h], tail_k[h], tail_v[h], tail_v[h, 0], 16, 16, n_valid, k_out, v_out)
-    elif b < nb_base:
-        _decode_block(bkc[h, b], bkb[h, b], bvc[h, b], bvs[h, b], k_bits, v_bits, n_valid, k_out, v_out)
+        _decode_block(kv.tail_k[h], kv.tail_k[h], kv.tail_v[h], kv.tail_v[h, 0], 16, 16, n_valid, k_out, v_out)
+    elif b < kv.nb_base:
+        _decode_block(kv.bkc[h, b], kv.bkb[h, b], kv.bvc[h, b], kv.bvs[h, b], kv.k_bits, kv.v_bits, n_valid,
+                      k_out, v_out)
     else:
-        _decode_block(okc[h, b], okb[h, b], ovc[h, b], ovs[h, b], k_bits, v_bits, n_valid, k_out, v_out)
+        _decode_block(kv.okc[h, b], kv.okb[h, b], kv.ovc[h, b], kv.ovs[h, b], kv.k_bits, kv.v_bits, n_valid,
+                      k_out, v_out)
 
 
 @njit(inline="always")

@@ -136,6 +136,7 @@ def _by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, row0, ali
     part_acc = np.empty((n_parts, n_rows, head_dim), np.float32)
     limit = visible_keys(key_pos, query_pos, group, n_rows, n_rows)   # (T*G,)
     n_units = -(-n_keys // align)
+    tile_blocks = width // align + 1
     for c in prange(n_parts):
         u0, u1 = chunk_groups(c, n_parts, n_units)
         j0 = u0 * align
@@ -147,6 +148,7 @@ def _by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, row0, ali
         l[:] = 0.0
         acc[:] = 0.0
         buf = np.empty(n_rows * width, np.float32)
+        peak = np.empty(tile_blocks, np.float32)       # a row's highest scaled score in each block of the tile
         for t0 in range(j0, j1, width):
             t1 = min(t0 + width, j1)
             w = t1 - t0
@@ -160,6 +162,13 @@ def _by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, row0, ali
                 mx = m[r]
                 for j in range(cnt):
                     mx = max(mx, s[r, j] * scale)
+                b0 = t0 // align
+                b1 = min(-(-t1 // align), n_mass) if r >= row0 else b0
+                for b in range(b0, b1):
+                    top = _NEG_INF
+                    for j in range(b * align - t0, min((b + 1) * align, t1) - t0):
+                        top = max(top, s[r, j] * scale)
+                    peak[b - b0] = top
                 corr = np.float32(np.exp(m[r] - mx)) if m[r] != _NEG_INF else np.float32(0.0)
                 total = np.float32(0.0)
                 for j in range(cnt):
@@ -172,12 +181,14 @@ def _by_keys(qh, k, v, key_pos, query_pos, group, scale, n_parts, out, row0, ali
                 m[r] = mx
                 for d in range(head_dim):
                     acc[r, d] *= corr
-                if r >= row0:   # log sum exp of each block = mx + log(its share of the exp-sum)
-                    for b in range(t0 // align, min(-(-t1 // align), n_mass)):
-                        part = np.float32(0.0)
-                        for j in range(b * align - t0, min((b + 1) * align, t1) - t0):
-                            part += s[r, j]
-                        mass[r - row0, b] = mx + np.log(part) if part > 0 else _NEG_INF
+                # Each block's log-sum-exp is mx + log(its share of the exp-sum); a block so far below
+                # the row's running max that its share underflows gets its own highest score (within
+                # log(block) of the true mass, its vote nil either way, but never -inf).
+                for b in range(b0, b1):
+                    part = np.float32(0.0)
+                    for j in range(b * align - t0, min((b + 1) * align, t1) - t0):
+                        part += s[r, j]
+                    mass[r - row0, b] = mx + np.log(part) if part > 0 else peak[b - b0]
             acc += np.dot(s, v[t0:t1])
     for r in prange(n_rows):
         merge_runs(part_m, part_l, part_acc, r, out[r])

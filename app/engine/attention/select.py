@@ -110,8 +110,8 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
             candidates = np.arange(n_sink, first_local, dtype=np.int64)   # (NC,) blocks to rank
             qref, rel = _reference_queries(q, KVH, pos0, B, candidates, cfg, compressed, cos, sin, neox)
             scores = np.empty((KVH, n_cand), np.float32)                  # (KVH, NC) upper bounds
-            a = cache.arrays(layer)
-            _block_bounds(qref, a[1], a[5], cache.nb_base, candidates, rel, cos, sin, neox, scores)
+            kv = cache.layer(layer)
+            _block_bounds(qref, kv.bkb, kv.okb, kv.nb_base, candidates, rel, cos, sin, neox, scores)
         top = _top_k(scores[:, :n_cand], n_chosen, focus)
     ns = n_sink + n_chosen + (n_blocks - first_local)
     blocks = np.empty((KVH, ns), np.int64)                            # (KVH, NS)

@@ -116,13 +116,12 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
         qpos = pos0 + np.arange(n_tok)
         qrot = rotate(q, cos[qpos], sin[qpos], neox)                         # (T, H, HD)
     scale = np.float32(1.0 / np.sqrt(np.float32(head_dim)))
-    a = cache.arrays(layer)
+    kv = cache.layer(layer)
     mass = np.empty((kvh, n_tok * group, n_cand), np.float32)               # (KVH, T*G, NC) log-mass
     n_parts = min(num_threads(), n_cand)
     for h in range(kvh):      # the caller holds BLAS to one thread (attention/blocks.py)
         qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
-        _log_mass(a[0], a[1], a[4], a[5], cache.nb_base, cache.spec.k_bits, h, cand, place,
-                  cos, sin, neox, qh, scale, PIECE, n_parts, mass[h])
+        _log_mass(kv, h, cand, place, cos, sin, neox, qh, scale, PIECE, n_parts, mass[h])
     add_votes(state, layer, mass, n_sink, end)
     if votes_from_own_scores(cfg, cache, n):
         return None      # "sparse-decode": the question itself attends densely; it only votes
@@ -154,16 +153,16 @@ PIECE = 64  # blocks per piece: 4,096 keys x 64 dims decoded (1 MB), then one sg
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def _log_mass(bkc, bkb, okc, okb, nb_base, k_bits, h, blocks, place, cos, sin, neox, qh, scale,
-              piece, n_parts, out):
+def _log_mass(kv, h, blocks, place, cos, sin, neox, qh, scale, piece, n_parts, out):
     """out[r, i] = log sum_j exp(scale qh[r] . k_j) over the keys j of block blocks[i] of KV
-    head h, each block turned to its placed position: each block's log attention mass
+    head h of the layer ``kv`` (LayerKV), each block turned to its placed position: each block's log attention mass
     (unnormalised). Each thread takes a run of the blocks, piece by piece: decode the keys,
     one sgemm with the queries, the per-block log-sum-exp; nothing the size of the whole
     context is ever written.
 
     blocks, place  # (NB,) int64;  qh  # (R, HD) float32;  out  # (R, NB) float32
     """
+    bkc, bkb, okc, okb, nb_base, k_bits = kv.bkc, kv.bkb, kv.okc, kv.okb, kv.nb_base, kv.k_bits
     block = okc.shape[2]
     head_dim = qh.shape[1]
     n_blocks = blocks.shape[0]

@@ -20,9 +20,12 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     (and given back when the array goes)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if n == 0:
+    if n == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):   # (Windows: no such mapping, no madvise either)
         return np.zeros(shape, dtype)
     area = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):   # Linux; elsewhere the mapping is already plain pages
-        area.madvise(mmap.MADV_NOHUGEPAGE)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        try:
+            area.madvise(mmap.MADV_NOHUGEPAGE)
+        except OSError:   # a kernel built without huge pages: plain pages already
+            pass
     return np.frombuffer(area, dtype).reshape(shape)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -44,6 +45,26 @@ def code_shapes(spec: KVSpec, n_blocks: int, n_layers: int, n_kv_heads: int, hea
         "vc": (lead + (v_width,), np.uint16 if spec.v_bits == 16 else np.uint8),
         "vs": (lead, np.uint16),                                            # f16 scale per token
     }
+
+
+class LayerKV(NamedTuple):
+    """One layer's blocked cache as the kernels read it, passed to them as one value. Blocks
+    [0, nb_base) are the memory-mapped file's (``b*``), later whole blocks the cache's own
+    (``o*``), the block being filled the f16 tail."""
+
+    bkc: np.ndarray      # (KVH, NB_base, B, HD or HD/2) key codes: uint16 f16 bits (16) or uint8 (8, 4)
+    bkb: np.ndarray      # (KVH, NB_base, 2, HD) uint16: f16 (lo, hi) of each key channel
+    bvc: np.ndarray      # (KVH, NB_base, B, HD or HD/2) value codes, like bkc
+    bvs: np.ndarray      # (KVH, NB_base, B) uint16: f16 scale of each token's values
+    okc: np.ndarray      # (KVH, NB, B, HD or HD/2) the own blocks' key codes
+    okb: np.ndarray      # (KVH, NB, 2, HD) uint16
+    ovc: np.ndarray      # (KVH, NB, B, HD or HD/2)
+    ovs: np.ndarray      # (KVH, NB, B) uint16
+    tail_k: np.ndarray   # (KVH, B, HD) uint16 f16 bits: keys of the block being filled
+    tail_v: np.ndarray   # (KVH, B, HD) uint16 f16 bits: its values
+    nb_base: int         # blocks read from the b* arrays
+    k_bits: int          # 16, 8 or 4 (kv/formats.py)
+    v_bits: int
 
 
 @dataclass
@@ -206,12 +227,12 @@ class BlockKVCache:
 
     # ---- Reading (what the attention kernels take) ----------------------------------------
 
-    def arrays(self, layer: int) -> tuple:
-        """(base..., own..., tail) views of ``layer`` in the order the kernels take them."""
+    def layer(self, layer: int) -> LayerKV:
+        """``layer``'s blocks, as the kernels take them."""
         b, o = self.base, self.own
-        return (b["kc"][layer], b["kb"][layer], b["vc"][layer], b["vs"][layer],
-                o["kc"][layer], o["kb"][layer], o["vc"][layer], o["vs"][layer],
-                self.tail_k[layer], self.tail_v[layer])
+        return LayerKV(b["kc"][layer], b["kb"][layer], b["vc"][layer], b["vs"][layer],
+                       o["kc"][layer], o["kb"][layer], o["vc"][layer], o["vs"][layer],
+                       self.tail_k[layer], self.tail_v[layer], self.nb_base, self.spec.k_bits, self.spec.v_bits)
 
     def dequantize(self, layer: int, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Keys (still in their block frame) and values of ``layer`` as float32
@@ -220,7 +241,7 @@ class BlockKVCache:
         c = self.config
         k = np.zeros((c.n_kv_heads, n, c.head_dim), np.float32)
         v = np.zeros((c.n_kv_heads, n, c.head_dim), np.float32)
-        _dequant_range(*self.arrays(layer), self.nb_base, n, self.spec.k_bits, self.spec.v_bits, k, v)
+        _dequant_range(self.layer(layer), n, k, v)
         return k, v
 
 
@@ -379,9 +400,10 @@ def decode_value(vc, vs, bits, j, d, half):
 
 
 @njit(cache=True, nogil=True)
-def _dequant_range(bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, n, k_bits, v_bits,
-                   k_out, v_out):
-    """k_out, v_out (KVH, n, HD) float32 = positions [0, n) decoded (keys in their block frame)."""
+def _dequant_range(kv, n, k_out, v_out):
+    """k_out, v_out (KVH, n, HD) float32 = positions [0, n) of the layer ``kv`` (LayerKV) decoded
+    (keys in their block frame)."""
+    bkc, bkb, bvc, bvs, okc, okb, ovc, ovs, tail_k, tail_v, nb_base, k_bits, v_bits = kv
     n_kv_heads, block, head_dim = tail_k.shape
     half = head_dim // 2
     n_full = n // block

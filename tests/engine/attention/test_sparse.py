@@ -421,7 +421,7 @@ def test_sparse_decode_reads_the_prompt_as_dense_and_answers_from_the_voted_bloc
                                          documents=True,
                                          attention=SparseConfig(mode=mode, **opts))
         b.ensure_prefix(doc)
-        caches[mode] = [a.copy() for a in b.cache.arrays(b.model.config.n_layers - 1)]   # layer 0's: embeddings only
+        caches[mode] = [a.copy() for a in b.cache.layer(b.model.config.n_layers - 1)[:10]]   # layer 0's: embeddings only
         answers[mode] = list(b.generate(doc + question, SamplingParams.make_greedy(6)))
     # The document and the question are read as dense attention reads them (one cache file) ...
     assert all(np.array_equal(x, y) for x, y in zip(caches["sparse-decode"], caches["dense"]))
@@ -528,7 +528,7 @@ def test_an_answer_k_is_read_by_single_queries_inside_the_trained_window(tiny_mo
         cache, state = caches[answer_k] = _cache(model, n_ctx=700, answer_k=answer_k, **opts)
         prefill(model, cache, tokens, chunk=64, state=state)
     for answer_k in (6, 100):   # the prompt read the same blocks
-        assert all(np.array_equal(x, y) for x, y in zip(caches[answer_k][0].arrays(1), caches[None][0].arrays(1)))
+        assert all(np.array_equal(x, y) for x, y in zip(caches[answer_k][0].layer(1), caches[None][0].layer(1)))
     q = np.random.default_rng(5).standard_normal((1, model.config.n_heads, model.config.head_dim)).astype(np.float32)
     cos, sin = model.rope.rows(0, 700)
     read = {}
@@ -612,6 +612,29 @@ def test_prefill_split_by_keys_gives_the_block_masses_of_its_scores(n_tok, group
     np.testing.assert_allclose(mass, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_block_far_below_the_row_maximum_keeps_a_finite_mass():
+    """A key scoring hundreds above the rest (an attention sink) makes the other blocks' exps
+    underflow in its run: their masses must stay finite (their own highest score, at most
+    log(block) below the true log-sum-exp), or a row of -inf would make NaN votes."""
+    from app.engine.attention import products
+    rng = np.random.default_rng(3)
+    hd, block, n_keys, group = 32, 64, 1024, 2
+    qh = rng.standard_normal((group, hd)).astype(np.float32)                  # (G, HD): one token
+    k = rng.standard_normal((n_keys, hd)).astype(np.float32)
+    k[3] = qh[0] * (600.0 / float(qh[0] @ qh[0])) * np.sqrt(hd)               # row 0 scores 600 there
+    v = rng.standard_normal((n_keys, hd)).astype(np.float32)
+    out = np.empty_like(qh)
+    mass = np.full((group, n_keys // block - 1), np.nan, np.float32)          # (R, NB)
+    products.by_keys(qh, k, v, np.arange(n_keys, dtype=np.int64), np.array([n_keys], np.int64), group,
+                     np.float32(hd ** -0.5), 2, out, (0, block, mass))
+    s = (qh.astype(np.float64) @ k.T.astype(np.float64)) * hd ** -0.5
+    s = s[:, :mass.shape[1] * block].reshape(group, -1, block)
+    want = np.log(np.exp(s - s.max(axis=2, keepdims=True)).sum(axis=2)) + s.max(axis=2)
+    assert np.isfinite(mass).all()
+    assert (mass <= want + 1e-3).all() and (mass >= want - np.log(block) - 1e-3).all()
+    assert mass[0, 0] == pytest.approx(want[0, 0], rel=1e-5)                   # the sink's block exactly
+
+
 def _bf16_value(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
@@ -683,9 +706,7 @@ def test_keys_and_values_gathered_into_amx_tiles_are_the_packed_float_ones(wide_
     place = chosen * B + 5                                                # placed elsewhere: rotated
     hd = model.config.head_dim
     cos, sin = model.rope.rows(0, n + 2 * B)
-    a = cache.arrays(1)
-    args = (*a, cache.nb_base, n, cache.spec.k_bits, cache.spec.v_bits, 1, chosen, place, cos, sin,
-            model.neox)
+    args = (cache.layer(1), n, 1, chosen, place, cos, sin, model.neox)
     k = np.empty((len(chosen) * B, hd), np.float32)
     v = np.empty_like(k)
     t = np.empty(len(chosen) * B, np.int64)
