@@ -110,8 +110,8 @@ class Session:
         tokens = self.store.token_count(doc["id"], doc["content_hash"], key)
         if tokens is None:
             try:
-                count = token_counter(self.model_path)
-            except (SessionError, ModelError):
+                count = token_counter(self.model_path, self.settings.engine)
+            except (SessionError, ModelError, ValueError):
                 return int(doc["tokens"] or 0)
             tokens = count_page_tokens((p["text"] for p in self.store.pages(doc["id"])), count)
             self.store.set_token_count(doc["id"], doc["content_hash"], key, tokens)
@@ -209,8 +209,8 @@ class Session:
         from app.runtime.engines import token_counter
 
         try:
-            return token_counter(self.model_path)
-        except ModelError as e:
+            return token_counter(self.model_path, self.settings.engine)
+        except (ModelError, ValueError) as e:
             raise SessionError(str(e)) from e
 
     def sampling(self, greedy: bool = False, max_tokens: int | None = None) -> SamplingParams:

