@@ -197,11 +197,10 @@ class Session:
         return self.plan(1).blocked
 
     def engine_note(self) -> str:
-        """Why the automatic engine choice took llama.cpp for this model ("" otherwise)."""
-        from app.runtime.engines import engine_note
-
+        """Why the automatic engine choice took llama.cpp for this model ("" otherwise): the run
+        plan's own note, so the choice is made where every other setting is."""
         try:
-            return engine_note(self.settings.engine, self.model_path)
+            return self.plan().engine_note
         except SessionError:
             return ""
 

@@ -56,14 +56,6 @@ def default_threads() -> int:
     return thread_plan().count
 
 
-def engine_note(engine: str, model_path: Path) -> str:
-    """The one-line note of the automatic choice for this model ("" when there is none)."""
-    try:
-        return choose_engine(engine, model_path).note
-    except (ModelError, ValueError):
-        return ""
-
-
 @lru_cache(maxsize=4)
 def _vocab(model_path: str):
     from app.engine.llamacpp_backend import open_llama, quiet_llama_logs

@@ -97,3 +97,15 @@ def test_documents_are_counted_by_the_tokenizer_of_the_engine_that_runs_the_mode
     assert engines.token_counter(files["type"]).engine == "llamacpp"   # a file only llama.cpp runs
     with pytest.raises(ModelError, match="cannot run this model"):
         engines.token_counter(files["phi3"], "ellm")
+
+
+def test_the_session_says_why_llamacpp_runs_a_model_from_its_run_plan(files, tmp_path):
+    """The note the window's status bar and the CLI show is the run plan's own: one choice."""
+    from app.session import Session
+    from app.settings import Paths
+
+    theirs = Session(Paths.resolve(tmp_path / "a"), {"model": str(files["phi3"])})
+    assert theirs.engine_note() == theirs.plan().engine_note != ""
+    assert "runs on llama.cpp" in theirs.engine_note() and "architecture 'phi3'" in theirs.engine_note()
+    assert Session(Paths.resolve(tmp_path / "b"), {"model": str(files["llama"])}).engine_note() == ""
+    assert Session(Paths.resolve(tmp_path / "c"), {"model": str(tmp_path / "missing.gguf")}).engine_note() == ""
