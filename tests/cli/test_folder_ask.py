@@ -135,7 +135,7 @@ def test_the_automatic_context_counts_documents_by_the_asked_models_tokenizer(tm
     shutil.copyfile(s.model_path, other)
     calls = []
 
-    def by_characters(path):
+    def by_characters(path, engine="auto"):
         def count(text):
             calls.append(len(text))
             return len(text)
