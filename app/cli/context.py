@@ -52,9 +52,10 @@ class Context:
 
     def noted(self, backend):
         """``backend``, once the automatic engine choice's note (if any) is on stderr."""
-        note = self.session.engine_note()
-        if note and not self._noted:
-            err(f"ellm: {note}")
+        if not self._noted:
+            note = self.session.engine_note()
+            if note:
+                err(f"ellm: {note}")
             self._noted = True
         return backend
 

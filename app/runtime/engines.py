@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from app.engine.header.support import why_not
+from app.engine.model.tokenizer import why_not_tokenizer
 from app.runtime.model_files import ModelError, scan_gguf
 
 ENGINES = ("auto", "ellm", "llamacpp")   # the engine setting: auto, or a backend's name
@@ -33,7 +34,8 @@ def choose_engine(engine: str, model_path: Path) -> EngineChoice:
     if engine == "llamacpp":
         return EngineChoice("llamacpp")
     layout = scan_gguf(model_path)
-    reason = why_not(layout)
+    reason = why_not(layout) or why_not_tokenizer(layout.metadata.get("tokenizer.ggml.model"),
+                                                  layout.metadata.get("tokenizer.ggml.pre"))
     if not reason:
         return EngineChoice("ellm", architecture=layout.architecture, context_length=layout.context_length or 0)
     if engine == "ellm":
@@ -71,12 +73,17 @@ def tokenizer_key(model_path: Path) -> str:
     return f"{Path(model_path).name}:{os.path.getsize(model_path)}"
 
 
-@lru_cache(maxsize=4)
-def _engine_tokenizer(model_path: str):
+def _engine_tokenizer(model_path: Path):
+    stat = os.stat(model_path)      # a file replaced in place is read again
+    return _tokenizer_of(os.path.realpath(model_path), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=2)
+def _tokenizer_of(path: str, size: int, mtime_ns: int):
     from app.engine.header.gguf_file import GGUFFile
     from app.engine.model.tokenizer import Tokenizer
 
-    return Tokenizer.from_gguf(GGUFFile(model_path))
+    return Tokenizer.from_gguf(GGUFFile(path))
 
 
 def token_counter(model_path: Path, engine: str = "auto"):
@@ -89,7 +96,7 @@ def token_counter(model_path: Path, engine: str = "auto"):
         scan_gguf(model_path)  # never hand a tokenizer a truncated or corrupt file
         choice = choose_engine(engine, Path(model_path))
         if choice.name == "ellm":
-            tokenizer = _engine_tokenizer(str(model_path))
+            tokenizer = _engine_tokenizer(model_path)
 
             def count(text: str) -> int:
                 return len(tokenizer.encode(text, add_bos=False, special=False))

@@ -62,6 +62,7 @@ class TinySpec:
     rope_scaling: str | None = None   # "linear" | "yarn": written as rope.scaling.* metadata
     rope_factor: float = 1.0
     rope_orig_ctx: int = 0
+    pre: str = ""                # tokenizer.ggml.pre written instead of SmolLM2's (refusal tests)
     seed: int = 0
 
     @property
@@ -173,7 +174,7 @@ def write_tiny_model(path: Path, spec: TinySpec, tokenizer_from: Path | None = N
             w.add_rope_scaling_orig_ctx_len(spec.rope_orig_ctx)
     w.add_file_type(int(spec.qtype) if spec.qtype != Q.F32 else 0)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tk["pre"])
+    w.add_tokenizer_pre(spec.pre or tk["pre"])
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)

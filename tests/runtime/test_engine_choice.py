@@ -109,3 +109,18 @@ def test_the_session_says_why_llamacpp_runs_a_model_from_its_run_plan(files, tmp
     assert "runs on llama.cpp" in theirs.engine_note() and "architecture 'phi3'" in theirs.engine_note()
     assert Session(Paths.resolve(tmp_path / "b"), {"model": str(files["llama"])}).engine_note() == ""
     assert Session(Paths.resolve(tmp_path / "c"), {"model": str(tmp_path / "missing.gguf")}).engine_note() == ""
+
+
+def test_a_tokenizer_our_engine_cannot_read_sends_the_model_to_llamacpp(tmp_path):
+    """A llama file whose pre-tokenizer eLLM's tokenizer does not know: auto takes llama.cpp from
+    the header alone, says why, and its documents are counted by llama.cpp's vocabulary (before,
+    auto chose eLLM's engine, which failed at load, and counting documents failed at ingest)."""
+    from app.runtime import engines
+
+    path = write_tiny_model(tmp_path / "tekken.gguf", TinySpec(arch="llama", qtype=Q.Q8_0, pre="tekken"))
+    choice = choose_engine("auto", path)
+    assert choice.name == "llamacpp" and "pre-tokenizer 'tekken'" in choice.note
+    with pytest.raises(ModelError, match="pre-tokenizer 'tekken'"):
+        choose_engine("ellm", path)
+    count = engines.token_counter(path)
+    assert count.engine == "llamacpp" and count("harbour logs and gulls") > 0

@@ -126,12 +126,9 @@ class Tokenizer:
         GGUFFile (header/gguf_file.py) or a gguf.GGUFReader."""
         model = field_value(reader, "tokenizer.ggml.model")
         pre = field_value(reader, "tokenizer.ggml.pre") or "default"
-        if model not in ("gpt2", "llama"):
-            raise ValueError(f"tokenizer.ggml.model = {model!r} is not supported by the ellm "
-                             f"tokenizer (only 'gpt2' and 'llama'); use the llamacpp backend")
-        if model == "gpt2" and pre not in PRE_TOKENIZERS:
-            raise ValueError(f"tokenizer.ggml.pre = {pre!r} is not supported by the ellm "
-                             f"tokenizer; use the llamacpp backend for this model")
+        refused = why_not_tokenizer(model, pre)
+        if refused:
+            raise ValueError(f"eLLM's tokenizer cannot read this model: {refused}; use the llamacpp backend")
         tokens = field_array(reader, "tokenizer.ggml.tokens")
         if not tokens:
             raise ValueError("the GGUF file has no tokenizer.ggml.tokens; it cannot be tokenized")
@@ -419,6 +416,17 @@ class Tokenizer:
         if attr & ATTR_BYTE:
             return bytes([int(text[3:5], 16)])
         return b""  # unused / undefined tokens print nothing
+
+
+def why_not_tokenizer(model: str | None, pre: str | None) -> str:
+    """Why this tokenizer cannot read a file whose header says ``tokenizer.ggml.model`` =
+    ``model`` and ``tokenizer.ggml.pre`` = ``pre``, as a clause ("" when it can). The automatic
+    engine choice asks it from the header alone (app/runtime/engines.py)."""
+    if model not in ("gpt2", "llama"):
+        return f"its tokenizer reads tokenizer.ggml.model 'gpt2' and 'llama', not {model!r}"
+    if model == "gpt2" and (pre or "default") not in PRE_TOKENIZERS:
+        return f"its tokenizer does not know the pre-tokenizer {pre!r}"
+    return ""
 
 
 def _detect_special_tokens(tokens: list[str], attrs: list[int],
