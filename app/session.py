@@ -111,7 +111,7 @@ class Session:
         if tokens is None:
             try:
                 count = token_counter(self.model_path, self.settings.engine)
-            except (SessionError, ModelError, ValueError):
+            except (SessionError, ModelError):
                 return int(doc["tokens"] or 0)
             tokens = count_page_tokens((p["text"] for p in self.store.pages(doc["id"])), count)
             self.store.set_token_count(doc["id"], doc["content_hash"], key, tokens)
@@ -209,7 +209,7 @@ class Session:
 
         try:
             return token_counter(self.model_path, self.settings.engine)
-        except (ModelError, ValueError) as e:
+        except ModelError as e:
             raise SessionError(str(e)) from e
 
     def sampling(self, greedy: bool = False, max_tokens: int | None = None) -> SamplingParams:

@@ -146,8 +146,8 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
     out = np.empty((1, n_heads, head_dim), np.float32)        # (1, H, HD)
     bmax = np.empty((n_heads, ns), np.float32)                 # (H, NS) block score max
     bsum = np.empty((n_heads, ns), np.float32)                 # (H, NS) block exp-sum
-    _decode_kernel(q[0], a, n, n_limit, F16_AS_STORED, sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox, scale, n_split,
-                   out[0], bmax, bsum, state.block_mass, sel.retrieved[0], sel.retrieved[1])
+    _decode_kernel(q[0], a, n, n_limit, F16_AS_STORED, sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox,
+                   scale, n_split, out[0], bmax, bsum, state.block_mass, sel.retrieved[0], sel.retrieved[1])
     return out
 
 
@@ -318,14 +318,12 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
     for h in range(kvh):
         qh = np.ascontiguousarray(qrot[:, h * group:(h + 1) * group]).reshape(n_tok * group, head_dim)
         if on_tiles:
-            count = _gather_packed(a, n, h,
-                                   sel.blocks[h], sel.place[h], cos, sin, neox, *packed, t_buf)
+            count = _gather_packed(a, n, h, sel.blocks[h], sel.place[h], cos, sin, neox, *packed, t_buf)
             q_hi, q_lo = products_amx.pack_queries(qh, n_parts)
             products_amx.attend(q_hi, q_lo, *packed, count, t_buf[:count], true_pos, n_tok * group, group,
                                 scale, n_parts, out_h)
         else:
-            count = _gather(a, n, h,
-                            sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
+            count = _gather(a, n, h, sel.blocks[h], sel.place[h], cos, sin, neox, k_buf, v_buf, t_buf)
             with blas.one_blas_thread():
                 products.attend(qh, k_buf[:count], v_buf[:count], t_buf[:count], true_pos, group, scale,
                                 n_parts, out_h, None if masses is None else (masses[0], B, masses[1][h]))
@@ -335,8 +333,8 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _gather(kv, n, h, blocks, place, cos, sin, neox, k_out, v_out, t_out):
-    """Decode the selected blocks of KV head h of the layer ``kv`` (LayerKV): keys rotated to their placed positions
-    (R(place) applied to the block-frame key gives R(place + j) k), values as they are.
+    """Decode the selected blocks of KV head h of the layer ``kv`` (LayerKV): keys rotated to their
+    placed positions (R(place) applied to the block-frame key gives R(place + j) k), values as they are.
     Block i fills rows i*B.. (only the last block can be partial).
 
     blocks, place  # (NS,) int64;  k_out, v_out  # (>= NS*B, HD) float32;  t_out  # (>= NS*B,) int64
