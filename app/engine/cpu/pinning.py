@@ -45,6 +45,14 @@ from .topology import STARTUP_CPUS, format_cpulist, parse_cpulist
 
 _SYS_GETTID = {"x86_64": 186, "aarch64": 178}.get(platform.machine(), 186)
 
+# numba's thread count, fixed in the environment before any plan narrows this process's CPUs:
+# numba re-reads its settings at every compilation where a NUMBA_ variable changed since the last
+# (the engine sets NUMBA_CACHE_DIR on import), and then counts the CPUs the process may use. After
+# ``apply`` that count is the plan's, and numba refuses a thread count that differs from its
+# running pool's ("Cannot set NUMBA_NUM_THREADS ... once the threads have been launched"), so a
+# kernel compiled after pinning failed. A person's own NUMBA_NUM_THREADS is kept.
+os.environ.setdefault("NUMBA_NUM_THREADS", str(numba.config.NUMBA_NUM_THREADS))
+
 
 @intrinsic
 def _gettid(typingctx):

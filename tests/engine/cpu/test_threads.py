@@ -314,6 +314,41 @@ def test_apply_pins_with_the_workqueue_layer_too():
     assert result["ran_on"] == [result["plan"]] * 5
 
 
+COMPILE_AFTER_PIN = textwrap.dedent("""
+    import os
+    os.sched_setaffinity(0, range(os.cpu_count()))
+    import numba, numpy as np          # before the engine, which then sets NUMBA_CACHE_DIR
+    from app.engine.cpu.pinning import apply
+    from app.engine.cpu.plan import plan_threads
+    from app.engine.cpu.topology import read_topology
+
+    apply(plan_threads(read_topology(), threads=1))
+
+    @numba.njit(parallel=True)
+    def numbered(n):                   # compiled now, after pinning, with numba's pool running
+        out = np.zeros(n, np.int64)
+        for i in numba.prange(n):
+            out[i] = i
+        return out
+
+    print(int(numbered(8).sum()), numba.config.NUMBA_NUM_THREADS)
+""")
+
+
+def test_a_kernel_compiles_after_a_plan_narrowed_the_cpus():
+    """numba re-reads its settings when a NUMBA_ variable changed, counting the CPUs the process
+    may use: after a one-CPU plan it wanted one thread and refused to compile next to its running
+    pool of two."""
+    if len(plan_threads(read_topology()).cpus) < 2:
+        pytest.skip("needs two physical cores")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "NUMBA_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, "-c", COMPILE_AFTER_PIN], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    total, threads = map(int, proc.stdout.split())
+    assert total == 28 and threads == os.cpu_count()
+
+
 def test_placed_empty_first_touches_each_nodes_rows_on_a_multi_node_plan(monkeypatch):
     import dataclasses
 
