@@ -20,10 +20,11 @@ import time
 from dataclasses import dataclass
 
 from app.engine.backend import Backend, SamplingParams
-from app.qa.answer import Answer, AnswerStream, AskError
+from app.qa.answer import Answer, AskError
 from app.qa.citations import cite
 from app.qa.pages import PAGE_MARKER_TOKENS, ContextPlan, PageText, format_pages, token_counter
 from app.qa.prompt import build_prompt
+from app.qa.stream import AnswerStream
 from app.store import Store
 from app.store.db import fts_query
 

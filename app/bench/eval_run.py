@@ -44,8 +44,8 @@ class EvalMode:
     ``source``: what the answers read — the answer service's sources (qa/answer.py
     AnswerOptions: "document", the document read before its first question as after ``ellm
     read``; "passages", the answer before reading) or a baseline (bench/eval_baselines.py:
-    "topk", the apps' chunks; "closed", no document). ``beside``: AnswerOptions.beside (None:
-    the product's)."""
+    "topk", the apps' chunks; "closed", no document). ``beside``, ``parts``: AnswerOptions.beside
+    and .parts (None: the product's)."""
 
     name: str
     description: str
@@ -57,6 +57,7 @@ class EvalMode:
     trained_only: bool = False
     source: str = "document"
     beside: str | None = None
+    parts: bool | None = None
 
     def overrides(self, n_ctx: int | None = None) -> dict:
         """The settings this mode sets (``n_ctx``: the whole-document context it was sized to)."""
@@ -66,7 +67,8 @@ class EvalMode:
 
     def options(self) -> AnswerOptions:
         """What the answer service is asked to answer from (the service's sources only)."""
-        return AnswerOptions(source=self.source, **({} if self.beside is None else {"beside": self.beside}))
+        chosen = {"beside": self.beside, "parts": self.parts}
+        return AnswerOptions(source=self.source, **{k: v for k, v in chosen.items() if v is not None})
 
 
 MODES = (
@@ -82,6 +84,8 @@ MODES = (
     EvalMode("closed", "the model alone, no document (closed book)", n_ctx=4096, source="closed"),
     EvalMode("whole", "the settings as they are, on a read document, without the passages beside the question",
              beside="none"),
+    EvalMode("parts", "the settings as they are, on a read document, a question that asks several things "
+             "asked one thing a turn (qa/parts.py)", parts=True),
     EvalMode("beside-text", "the settings as they are, on a read document, the best passages beside the question "
              "as text (prefilled with the question) rather than copies of their cached blocks", beside="text"),
     EvalMode("dense", "eLLM's engine, dense f16 attention over the whole document, nothing beside, where it fits "

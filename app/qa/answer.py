@@ -1,7 +1,8 @@
 """The answer service: one question about one document, several, a folder or everything.
 
 The command line (``ellm ask``) and the window both call ``answer``. A question is answered in
-one generation, from what its documents offer now (``AnswerOptions.source``):
+one generation (one turn a part where it asks several things, qa/parts.py), from what its
+documents offer now (``AnswerOptions.source``):
 
 * a document that is read (its prefix cache is in memory or in its file, qa/doc_cache.py), or
   small enough to read at once, is answered from the whole of it: over several documents on a
@@ -32,19 +33,21 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from app.engine.backend import Backend, GenerationStats, SamplingParams, stream_text
+from app.engine.backend import Backend, SamplingParams
 from app.library.time_left import duration
 from app.qa import across
 from app.qa.attended import attended_passages
 from app.qa.citations import cite
-from app.qa.conversation import Conversation
+from app.qa.conversation import Conversation, next_turn
 from app.qa.doc_cache import DocCaches, store_cache_dir
 from app.qa.focus import focus_ranges
 from app.qa.pages import (TEMPLATE_OVERHEAD, ContextPlan, PageText, format_pages, load_pages, page_ranges,
                           plan_context, token_counter)
+from app.qa.parts import question_parts
 from app.qa.prompt import BESIDE_LEAD, SYSTEM_PROMPT, Prompt, build_prompt, question_suffix
 from app.qa.retrieval import PASSAGES, best_passages, fitted, passage_pages
 from app.qa.spans import PromptLayout
+from app.qa.stream import AnswerStream, StatsSink, TextSink
 from app.runtime.auto import ANSWER_FLOOR, BESIDE_ROOM
 from app.store import Store
 from app.store.threads import answer_thread
@@ -55,6 +58,7 @@ READ_AT_ONCE = 2048   # a document prefix this short is read for its first quest
 BESIDE = "blocks"     # how a read document's answer sees the best passages again (AnswerOptions.beside)
 BESIDE_MODES = ("blocks", "text", "none")
 BESIDE_SPARE = 16     # tokens the passages beside leave free (their lead, tokens merging at the seams)
+PART_BREAK = "\n\n"   # between the answers to the parts of a question that asks several things
 PASSAGES_ROOM = 2048  # tokens for the passages of documents not read, beside whole read ones (six of ~200)
 
 
@@ -73,11 +77,16 @@ class AnswerOptions:
              question: "blocks", copies of their cached blocks (no prefill: engine/kv/blocked.py
              ``copy_blocks``; as "text" where the backend has no blocks); "text", their text
              after the documents; "none".
-    passages how many passages (qa/retrieval.py)."""
+    passages how many passages (qa/retrieval.py).
+    parts    a question that asks several things, answered from whole documents in one context
+             (not from passages, nor across documents' caches laid side by side), is asked one
+             part a turn where the context has room for every turn (qa/parts.py). Off: on the
+             tuning half it answered fewer two-page questions than one turn did (docs/benchmarks.md)."""
 
     source: str = AUTO
     beside: str = BESIDE
     passages: int = PASSAGES
+    parts: bool = False
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -131,8 +140,6 @@ class Answer:
         return d
 
 
-TextSink = Callable[[str], None]
-StatsSink = Callable[[GenerationStats], None]
 ProgressSink = Callable[[int, int, str], None]   # (tokens read, of total, what) — 0, 0: no count
 
 
@@ -175,9 +182,10 @@ def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], pa
            cancel: Callable[[], bool] | None = None, progress: ProgressSink | None = None,
            save: bool = True, memory_budget: int | None = None, caches: DocCaches | None = None,
            options: AnswerOptions = AnswerOptions(), conversation: Conversation | None = None) -> Answer:
-    """Answer ``question`` about ``doc_ids`` in one generation, from what ``options`` says;
-    as the next turn of ``conversation`` when given (qa/conversation.py: the earlier turns
-    after the documents, the turn added to it and saved to its thread).
+    """Answer ``question`` about ``doc_ids`` in one generation (or a turn a part, qa/parts.py),
+    from what ``options`` says; as the next turn of ``conversation`` when given
+    (qa/conversation.py: the earlier turns after the documents, the turn added to it and saved
+    to its thread).
     ``on_text`` receives the answer as it streams, ``on_stats`` the engine's statistics with
     each piece (tokens/s, bytes read), ``progress(done, total, line)`` a document being read
     into its cache (tokens read of total, time left); ``cancel`` stops it."""
@@ -215,6 +223,7 @@ class _Job:
     conversation: Conversation | None = None
     t_start: float = field(default_factory=time.perf_counter)
     left_out: int = 0         # earlier turns of the conversation this question leaves out (``turns``)
+    split: bool = False       # the question was asked in parts, one turn each (``in_turns``)
 
     def run(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
         options = self.options
@@ -234,18 +243,25 @@ class _Job:
     @property
     def query(self) -> str:
         """What retrieval looks for: the question, in a conversation with the one before it."""
-        return self.conversation.query(self.question) if self.conversation else self.question
+        return self.query_of(self.question)
+
+    def query_of(self, asked: str) -> str:
+        """What retrieval looks for when ``asked`` is asked (the question or a part of it)."""
+        return self.conversation.query(asked) if self.conversation else asked
 
     def turns(self, stream: AnswerStream, base: list[int], suffix: list[int], beside: str = "",
-              continuing: bool = False) -> list[int]:
+              continuing: bool = False, question: str | None = None, later: int = 0) -> list[int]:
         """The prompt after the documents' part ``base``: the question's ``suffix``, or in a
-        conversation its earlier turns that fit before the answer ``stream`` will write, and then
-        the question (qa/conversation.py)."""
+        conversation its earlier turns that fit before the answer ``stream`` will write (and
+        ``later`` tokens of the question's later parts), and then the question
+        (qa/conversation.py); ``question``: what is asked, if not the whole question (its first
+        part, qa/parts.py)."""
         conv = self.conversation
         if conv is None:
             return suffix
-        room = self.backend.n_ctx - len(base) - stream.params.max_tokens
-        after, self.left_out, new = conv.tokens_after(self.backend, self.question, beside, room, continuing)
+        room = self.backend.n_ctx - len(base) - stream.params.max_tokens - later
+        after, self.left_out, new = conv.tokens_after(self.backend, question or self.question, beside, room,
+                                                      continuing)
         if new:
             self.backend.question_at(len(base) + len(after) - new)
         return after
@@ -379,7 +395,8 @@ class _Job:
                 prompt = build_prompt(backend, self.question, format_pages(plan.pages))
             plan.used_tokens = sum(p.tokens for p in plan.pages)
         params = replace(params, max_tokens=min(params.max_tokens, backend.n_ctx - len(prompt.tokens)))
-        room = self.beside_room(backend.n_ctx - len(prompt.tokens) - params.max_tokens - BESIDE_SPARE)
+        parts, later = self.parts_that_fit(len(prompt.tokens), params.max_tokens)
+        room = self.beside_room(backend.n_ctx - len(prompt.tokens) - params.max_tokens - later - BESIDE_SPARE)
         beside = self.beside_text(doc_ids, room)
         if beside:
             prompt = build_prompt(backend, self.question, format_pages(plan.pages), beside)
@@ -394,12 +411,43 @@ class _Job:
         layout = PromptLayout(backend, [(0, len(prompt.prefix), prompt.prefix_text, plan)])
         text = ""
         if status is not None:
-            self._focus(layout)
             base = (self.conversation.held[:self.conversation.base] if continuing
                     else prompt.prefix + self.beside_blocks(layout, room))
-            text = stream.run(base + self.turns(stream, base, prompt.suffix, beside, continuing), len(base))
+            text = self.in_turns(stream, base, prompt.suffix, beside, continuing, layout, parts, later)
         timings = stream.timings(kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         return self._finish(text, stream, timings, plan, list(doc_ids), layout)
+
+    def parts_that_fit(self, prompt_tokens: int, max_tokens: int) -> tuple[list[str], int]:
+        """The parts the question is asked in, one turn each (qa/parts.py), and the tokens their
+        later turns take; the whole question in one turn where the options say so or where the
+        later turns would not fit the context after a prompt of ``prompt_tokens``."""
+        parts = question_parts(self.question) if self.options.parts else [self.question]
+        later = sum(len(next_turn(self.backend, part)) + max_tokens for part in parts[1:])
+        if len(parts) == 1 or prompt_tokens + max_tokens + later > self.backend.n_ctx:
+            return [self.question], 0
+        return parts, later
+
+    def in_turns(self, stream: AnswerStream, base: list[int], suffix: list[int], beside: str, continuing: bool,
+                 layout: PromptLayout, parts: list[str], later: int) -> str:
+        """The answer after the documents' part ``base``: the question in one turn, or its
+        ``parts`` one turn each (``later``: the tokens the turns after the first take), each later
+        one continuing what the backend holds of the one before, with its own focus passages; the
+        answers joined by a blank line. The engine's statistics are the last turn's."""
+        if len(parts) > 1:
+            suffix = question_suffix(self.backend, parts[0], beside)
+        self._focus(layout, self.query_of(parts[0]))
+        texts = [stream.run(base + self.turns(stream, base, suffix, beside, continuing, parts[0], later),
+                            len(base))]
+        self.split = len(parts) > 1
+        for before, part in zip(parts, parts[1:]):
+            held = stream.prompt + stream.generated
+            ask = next_turn(self.backend, part)
+            if stream.stop_now() or len(held) + len(ask) + stream.params.max_tokens > self.backend.n_ctx:
+                break            # parts_that_fit left room; a conversation's kept turns may not have
+            self.backend.question_at(len(held))       # this part alone chooses what sparse decoding reads
+            self._focus(layout, f"{before} {part}")  # "And which ... them?": the part before names what it is about
+            texts.append(stream.run(held + ask, len(base), PART_BREAK if any(texts) else ""))
+        return PART_BREAK.join(t for t in texts if t)
 
     def across(self, doc_ids: list[int], memory_budget: int | None, others: list[int] = (),
                unread: list[str] = ()) -> Answer:
@@ -497,10 +545,11 @@ class _Job:
         turns, half of it (the turns need the rest)."""
         return room // 2 if self.conversation is not None and self.conversation.turns else room
 
-    def _focus(self, layout: PromptLayout) -> None:
-        """Sparse attention: the answer also reads the passages BM25 ranks best (qa/focus.py)."""
+    def _focus(self, layout: PromptLayout, query: str | None = None) -> None:
+        """Sparse attention: the answer also reads the passages BM25 ranks best for ``query``
+        (default: the question's, qa/focus.py)."""
         if self.backend.capabilities.focus:
-            self.backend.focus(focus_ranges(self.store, self.query, layout))
+            self.backend.focus(focus_ranges(self.store, query or self.query, layout))
 
     def _finish(self, text: str, stream: AnswerStream, timings: dict, plan: ContextPlan, doc_ids: list[int],
                 layout: PromptLayout, keep: bool = True) -> Answer:
@@ -511,8 +560,9 @@ class _Job:
         conv = self.conversation
         if conv is not None:
             result.thread_id, result.turns_left_out = conv.thread_id, self.left_out
-            if stream.prompt:
-                conv.record(self.question, text, stream.prompt, stream.generated, stream.base)
+            if stream.prompt:      # a question asked in parts: its turn is its text, the answers joined
+                conv.record(self.question, text, stream.prompt, stream.generated, stream.base,
+                            as_generated=not self.split)
         if backend.capabilities.attended_blocks:
             result.attended = attended_passages(backend, layout)
         if keep:
@@ -534,58 +584,5 @@ class _Job:
                       ContextPlan(), self.backend.name, self.model_name, list(doc_ids), cancelled=True)
 
 
-class AnswerStream:
-    """Generates an answer from prompt tokens, streaming its text to ``on_text`` (and the
-    engine's statistics to ``on_stats``), noting when the first piece came (seconds after
-    ``t_start``) and whether ``cancel`` stopped it."""
-
-    def __init__(self, backend: Backend, params: SamplingParams, cancel, on_text: TextSink | None,
-                 on_stats: StatsSink | None, t_start: float):
-        self.backend, self.params, self.cancel = backend, params, cancel
-        self.on_text, self.on_stats = on_text, on_stats
-        self.t_start = t_start
-        self.cancelled = False
-        self.first_token_s: float | None = None
-        self.prompt: list[int] = []          # the prompt it generated from
-        self.generated: list[int] = []       # the ids it generated (what the backend now holds after the prompt)
-        self.base = 0                        # how many prompt tokens are the documents' part
-
-    def stop_now(self) -> bool:
-        if self.cancel is not None and self.cancel():
-            self.cancelled = True
-        return self.cancelled
-
-    def timings(self, **parts) -> dict:
-        """The engine's statistics of the answer, with ``parts`` (seconds of its stages) and the
-        time a person waited: to the first token and in all, from ``t_start``."""
-        timings = self.backend.stats.as_dict()
-        # The engine's ttft counts from its own prefill; a person waits from the question.
-        timings["engine_ttft_s"] = timings.pop("ttft_s", 0.0)
-        timings.update(parts)
-        timings["ttft_s"] = timings["first_token_s"] = round(self.first_token_s or 0.0, 4)
-        timings["total_s"] = round(time.perf_counter() - self.t_start, 3)
-        return timings
-
-    def run(self, tokens: list[int], base: int = 0) -> str:
-        """The answer's text; ``base``: how many of ``tokens`` are the documents' part."""
-        pieces = []
-        self.prompt, self.generated, self.base = list(tokens), [], base
-
-        def ids():
-            for token in self.backend.generate(tokens, self.params, self.stop_now):
-                self.generated.append(token)
-                yield token
-
-        for piece in stream_text(self.backend, ids(), self.params.stop):
-            if self.first_token_s is None:
-                self.first_token_s = time.perf_counter() - self.t_start
-            pieces.append(piece)
-            if self.on_text:
-                self.on_text(piece)
-            if self.on_stats:
-                self.on_stats(self.backend.stats)
-        return "".join(pieces).strip()
-
-
-__all__ = ["AUTO", "DOCUMENT", "FROM_PASSAGES", "Answer", "AnswerOptions", "AnswerStream", "AskError", "Prompt",
+__all__ = ["AUTO", "DOCUMENT", "FROM_PASSAGES", "Answer", "AnswerOptions", "AskError", "Prompt",
            "answer"]

@@ -96,9 +96,11 @@ class Conversation:
         return tokens + ask, len(self.turns) - len(kept), len(ask)
 
     def record(self, question: str, answer: str, prompt: Sequence[int], generated: Sequence[int],
-               base: int) -> None:
-        """Add the turn just answered; the backend holds ``prompt`` and the ``generated`` ids."""
-        self.turns.append(Turn(question, answer, tuple(generated)))
+               base: int, as_generated: bool = True) -> None:
+        """Add the turn just answered; the backend holds ``prompt`` and the ``generated`` ids,
+        which are the turn's answer ``as_generated`` (not where the question was asked in parts,
+        qa/parts.py: the answer is then the text of all of them, retokenized when needed)."""
+        self.turns.append(Turn(question, answer, tuple(generated) if as_generated else None))
         self.held = [int(t) for t in prompt] + [int(t) for t in generated]
         self.base = base
 

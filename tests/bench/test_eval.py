@@ -252,8 +252,8 @@ def test_a_wrong_checksum_or_member_is_an_error_naming_the_package_and_file(tmp_
 # ---- modes and the whole-document context --------------------------------------------------
 
 def test_modes_are_settings_overrides():
-    assert [m.name for m in MODES] == ["defaults", "passages", "topk", "topk-ellm", "closed", "whole", "beside-text",
-                                       "dense", "sparse", "sparse-decode", "k8v8", "k8v4", "rag8k"]
+    assert [m.name for m in MODES] == ["defaults", "passages", "topk", "topk-ellm", "closed", "whole", "parts",
+                                       "beside-text", "dense", "sparse", "sparse-decode", "k8v8", "k8v4", "rag8k"]
     assert find_mode("k8v8").overrides() == {"kv": "k8v8"}
     assert find_mode("k8v8").options() == find_mode("defaults").options()
     assert [(m.source, m.options().source if m.source not in ("topk", "closed") else m.source)
@@ -261,6 +261,8 @@ def test_modes_are_settings_overrides():
         ("document", "document"), ("passages", "passages"), ("topk", "topk")]
     assert find_mode("whole").options().beside == "none" and find_mode("defaults").options().beside == "blocks"
     assert find_mode("beside-text").options() == AnswerOptions(source="document", beside="text")
+    assert find_mode("parts").options() == AnswerOptions(source="document", parts=True)
+    assert not find_mode("defaults").options().parts
     assert find_mode("topk").overrides() == {"engine": "llamacpp", "n_ctx": 8192}
     assert find_mode("defaults").overrides() == {}
     assert find_mode("dense").overrides(12288) == {"engine": "ellm", "n_ctx": 12288, "kv": "f16",
@@ -269,7 +271,8 @@ def test_modes_are_settings_overrides():
     assert find_mode("sparse-decode").overrides(12288) == {"engine": "ellm", "n_ctx": 12288, "kv": "f16",
                                                          "attention": "sparse-decode"}
     with pytest.raises(ValueError, match="unknown mode 'quest'; choose from defaults, passages, topk, topk-ellm, "
-                                         "closed, whole, beside-text, dense, sparse, sparse-decode, k8v8, k8v4, rag8k"):
+                                         "closed, whole, parts, beside-text, dense, sparse, sparse-decode, "
+                                         "k8v8, k8v4, rag8k"):
         find_mode("quest")
 
 

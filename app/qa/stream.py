@@ -1,0 +1,71 @@
+"""An answer generated from prompt tokens and streamed as it comes: its text pieces to the
+front end, the engine's statistics with each, and the moment the first piece came (the
+``ttft_s`` a person waited, counted from the question)."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from app.engine.backend import Backend, GenerationStats, SamplingParams, stream_text
+
+TextSink = Callable[[str], None]
+StatsSink = Callable[[GenerationStats], None]
+
+
+class AnswerStream:
+    """Generates an answer from prompt tokens, streaming its text to ``on_text`` (and the
+    engine's statistics to ``on_stats``), noting when the first piece came (seconds after
+    ``t_start``) and whether ``cancel`` stopped it."""
+
+    def __init__(self, backend: Backend, params: SamplingParams, cancel, on_text: TextSink | None,
+                 on_stats: StatsSink | None, t_start: float):
+        self.backend, self.params, self.cancel = backend, params, cancel
+        self.on_text, self.on_stats = on_text, on_stats
+        self.t_start = t_start
+        self.cancelled = False
+        self.first_token_s: float | None = None
+        self.prompt: list[int] = []          # the prompt it generated from
+        self.generated: list[int] = []       # the ids it generated (what the backend now holds after the prompt)
+        self.base = 0                        # how many prompt tokens are the documents' part
+
+    def stop_now(self) -> bool:
+        if self.cancel is not None and self.cancel():
+            self.cancelled = True
+        return self.cancelled
+
+    def timings(self, **parts) -> dict:
+        """The engine's statistics of the answer, with ``parts`` (seconds of its stages) and the
+        time a person waited: to the first token and in all, from ``t_start``."""
+        timings = self.backend.stats.as_dict()
+        # The engine's ttft counts from its own prefill; a person waits from the question.
+        timings["engine_ttft_s"] = timings.pop("ttft_s", 0.0)
+        timings.update(parts)
+        timings["ttft_s"] = timings["first_token_s"] = round(self.first_token_s or 0.0, 4)
+        timings["total_s"] = round(time.perf_counter() - self.t_start, 3)
+        return timings
+
+    def run(self, tokens: list[int], base: int = 0, lead: str = "") -> str:
+        """The answer's text; ``base``: how many of ``tokens`` are the documents' part; ``lead``:
+        streamed before its first piece, if there is one (what separates it from an answer before)."""
+        pieces = []
+        self.prompt, self.generated, self.base = list(tokens), [], base
+
+        def ids():
+            for token in self.backend.generate(tokens, self.params, self.stop_now):
+                self.generated.append(token)
+                yield token
+
+        for piece in stream_text(self.backend, ids(), self.params.stop):
+            if self.first_token_s is None:
+                self.first_token_s = time.perf_counter() - self.t_start
+            if lead and not pieces and self.on_text:
+                self.on_text(lead)
+            pieces.append(piece)
+            if self.on_text:
+                self.on_text(piece)
+            if self.on_stats:
+                self.on_stats(self.backend.stats)
+        return "".join(pieces).strip()
+
+
+__all__ = ["AnswerStream", "StatsSink", "TextSink"]
