@@ -1,14 +1,15 @@
 """A question that asks two things, answered as two turns of one conversation.
 
 "Which command submits a bug report about ESS, and which R function generates one for R
-itself?" asks two questions whose answers often stand pages apart. Asked at once, a small
-model tends to answer the first and drop or guess the second; asked one after the other in
-the same conversation, each turn has the model's whole attention and its own focus passages
-(qa/focus.py), and the second still sees the first turn (its "them" or "it" keeps its
-meaning). This is the decomposition of least-to-most prompting (Zhou et al. 2023, "Least-to-Most
-Prompting Enables Complex Reasoning in Large Language Models"), with the parts found by the
-question's own grammar rather than by the model: a comma or semicolon, "and" and a second
-question word, or a second question after a question mark.
+itself?" asks two questions whose answers often stand pages apart. Asked at once, the model
+must find both facts in one answer; asked one after the other in the same conversation, each
+turn has its own focus passages (qa/focus.py) and the second still sees the first turn (its
+"them" or "it" keeps its meaning). This is the decomposition of least-to-most prompting (Zhou
+et al. 2023, "Least-to-Most Prompting Enables Complex Reasoning in Large Language Models"), with
+the parts found by the question's own grammar rather than by the model: a comma or semicolon,
+"and" and a second question word, or a second question after a question mark. Whether it
+answers more is measured, not assumed: the answer service asks in parts only where
+``AnswerOptions.parts`` says so (docs/benchmarks.md, the eval's ``parts`` mode).
 
 Only that is split: "which X and Y does Z need" (one question about two things), "how many ...,
 and is it ..." (no question word after "and"), "the file is ..., and which ..." (the first piece
