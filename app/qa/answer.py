@@ -443,7 +443,7 @@ class _Job:
             held = stream.prompt + stream.generated
             ask = next_turn(self.backend, part)
             if stream.stop_now() or len(held) + len(ask) + stream.params.max_tokens > self.backend.n_ctx:
-                break            # parts_that_fit left room; a conversation's kept turns may not have
+                break            # cancelled; the room was left by parts_that_fit and turns(), this guards it
             self.backend.question_at(len(held))       # this part alone chooses what sparse decoding reads
             self._focus(layout, f"{before} {part}")  # "And which ... them?": the part before names what it is about
             texts.append(stream.run(held + ask, len(base), PART_BREAK if any(texts) else ""))
