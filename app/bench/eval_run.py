@@ -88,6 +88,8 @@ MODES = (
              "asked one thing a turn (qa/parts.py)", parts=True),
     EvalMode("beside-text", "the settings as they are, on a read document, the best passages beside the question "
              "as text (prefilled with the question) rather than copies of their cached blocks", beside="text"),
+    EvalMode("alone", "the settings as they are, on a read document, the answer reading only the copies of the "
+             "best passages' cached blocks beside the question (and the prompt's header)", beside="alone"),
     EvalMode("dense", "eLLM's engine, dense f16 attention over the whole document, nothing beside, where it fits "
              "the model's trained context", engine="ellm", kv="f16", attention="dense", whole_context=True,
              trained_only=True, beside="none"),

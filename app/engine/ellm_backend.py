@@ -68,6 +68,7 @@ class EllmBackend:
                                          focus=self.blocked and self.attention.mode != "dense", beside=self.blocked)
         self._focus = np.zeros(0, np.int64)           # (F,) blocks the next answer reads besides
         self._copies: dict[int, int] = {}             # block laid beside the question -> the block it copies
+        self._view: tuple[int, int] | None = None      # the next answer reads these blocks only (AttentionState.view)
         self._question_at = 0                         # the next prompt's question starts here (question_at)
         self.prefix_multiple = self.kv_spec.block if self.blocked else 1
         self.prefill_chunk = prefill_chunk
@@ -106,7 +107,8 @@ class EllmBackend:
         focus, self._focus = self._focus, np.zeros(0, np.int64)     # told for this answer only
         question_at, self._question_at = self._question_at, 0
         if self._copies and self.cache.common_prefix(prompt) < (max(self._copies) + 1) * self.kv_spec.block:
-            self._copies = {}                                        # this prompt does not keep them
+            self._copies, self._view = {}, None                      # this prompt does not keep them
+        view, self._view = self._view, None
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
         if len(prompt) >= self.n_ctx:
@@ -114,15 +116,15 @@ class EllmBackend:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.n_ctx} "
                 f"(prompt + answer): shorten the prompt or open {Path(self.model_path).name} "
                 f"with a larger n_ctx")
-        return self._generate(prompt, params, cancel, focus, question_at)
+        return self._generate(prompt, params, cancel, focus, question_at, view)
 
-    def _generate(self, prompt: list[int], params: SamplingParams,
-                  cancel: Callable[[], bool] | None, focus: np.ndarray, question_at: int = 0) -> Iterator[int]:
+    def _generate(self, prompt: list[int], params: SamplingParams, cancel: Callable[[], bool] | None,
+                  focus: np.ndarray, question_at: int = 0, view: tuple[int, int] | None = None) -> Iterator[int]:
         _apply_threads(self._thread_plan)  # numba's thread count is per calling thread
         self.stats = stats = GenerationStats(prompt_tokens=len(prompt))
         t0 = time.perf_counter()
         if self.blocked:
-            self._observe(prompt, focus, question_at)
+            self._observe(prompt, focus, question_at, view)
         logits, reused = prefill_reusing_prefix(self.model, self.cache, prompt, self.prefill_chunk, cancel,
                                                 state=self.state)
         stats.prefill_s = time.perf_counter() - t0
@@ -160,10 +162,18 @@ class EllmBackend:
 
     def _fill_costs(self, stats: GenerationStats, n_tokens: int) -> None:
         """What a decode step reads with ``n_tokens`` cached (kv/sizes.py counts it): the
-        weights, and all of the cache when dense, the attended blocks when sparse."""
+        weights, and all of the cache when dense, the attended blocks when sparse, the view's
+        blocks with one (``beside(..., head=N)``)."""
         stats.weight_bytes_per_token = self.model.weight_bytes
         stats.kv, stats.attention = self.kv_spec.name, self.attention.mode
         stats.kv_bytes_per_token = self.kv_bytes_per_token()
+        view = self.state.view if self.blocked else None
+        if view is not None:                                      # as select() lays the view out
+            b = self.kv_spec.block
+            n_blocks = -(-n_tokens // b)
+            head = min(max(view[0], -(-self.state.config.sinks // b)), view[1])
+            stats.kv_read_bytes_per_token = (head + max(0, n_blocks - view[1])) * b * stats.kv_bytes_per_token
+            return
         sparse = self.state.config if self.blocked else None
         extra = self.state.focus_read if sparse is not None else 0
         if extra:                                                 # the focus comes on top of K
@@ -171,13 +181,21 @@ class EllmBackend:
         stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,
                                                                 n_tokens, sparse)
 
-    def _observe(self, prompt: list[int], focus: np.ndarray, question_at: int = 0) -> None:
+    def _observe(self, prompt: list[int], focus: np.ndarray, question_at: int = 0,
+                 view: tuple[int, int] | None = None) -> None:
         """Sparse attention: the prompt's last tokens choose the blocks decoding reads
         (app/engine/attention/votes.py), so they are computed afresh even when the cache still
         holds them, though never below the document's checkpoint nor before ``question_at`` (a
         conversation's new turn: its own tokens choose, as a first question's do); decoding also
-        reads the ``focus`` blocks."""
+        reads the ``focus`` blocks. With a view (``beside(..., head=N)``) nothing votes: the
+        question after the checkpoint is computed afresh, reading the sinks and the copies only."""
         cache, cfg = self.cache, self.attention
+        if view is not None:
+            cp = cache.checkpoint
+            if cp is not None and cache.n_tokens > cp.n_tokens and cache.common_prefix(prompt) >= cp.n_tokens:
+                cache.truncate(cp.n_tokens)
+            self.state.start_question(None, focus, view)
+            return
         if not cfg.sparse or not cfg.observe:
             self.state.start_question(None, focus)
             return
@@ -218,7 +236,7 @@ class EllmBackend:
         tokens = [int(t) for t in tokens]
         _apply_threads(self._thread_plan)
         cache = self.cache
-        self._copies = {}
+        self._copies, self._view = {}, None
         if self.blocked:
             self.state.start_question(None)      # a document prefix has no question to observe
         if cache.n_tokens >= len(tokens) and cache.common_prefix(tokens) == len(tokens):
@@ -301,7 +319,7 @@ class EllmBackend:
             raise ValueError("only the blocked KV cache lays several documents side by side")
         cache = self.cache
         cache.clear()
-        self._copies = {}
+        self._copies, self._view = {}, None
         sizes = [_checked(f, lambda f: kv_files.read_header(f.path)["n_tokens"]) for f in files]
         self.reserve(sum(sizes) - skip * (len(files) - 1) + room)
         offsets = []
@@ -327,11 +345,13 @@ class EllmBackend:
         """The next prompt's question begins at token ``start`` (Backend.question_at)."""
         self._question_at = max(0, int(start))
 
-    def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
+    def beside(self, ranges: Sequence[tuple[int, int]], room: int, head: int | None = None) -> list[int]:
         """Copies of the blocks holding ``ranges`` after the prefix the cache holds (a whole number
         of blocks: prefixes are padded to them), in document order, as many as ``room`` tokens
         hold, best range first; checkpointed after them, so the question's observed tokens start
-        there. Their attention mass counts for the blocks they copy (``attended_blocks``)."""
+        there. Their attention mass counts for the blocks they copy (``attended_blocks``). With
+        ``head``, the next answer reads the blocks of the first ``head`` tokens, the copies and
+        its own only (AttentionState.view)."""
         if not self.capabilities.beside:
             return []
         cache, b = self.cache, self.kv_spec.block
@@ -345,6 +365,7 @@ class EllmBackend:
         cache.copy_blocks(chosen)
         cache.set_checkpoint()
         self._copies = {n_full + k: i for k, i in enumerate(chosen)}
+        self._view = None if head is None else (-(-head // b), n_full)
         return list(cache.tokens[n_full * b:])
 
     def reserve(self, n_ctx: int) -> None:
@@ -392,7 +413,7 @@ class EllmBackend:
     def reset(self) -> None:
         """Forget the cached prompt (the next generate prefills everything)."""
         self.cache.clear()
-        self._copies = {}
+        self._copies, self._view = {}, None
 
     def close(self) -> None:
         self.cache = None

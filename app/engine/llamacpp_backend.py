@@ -295,7 +295,7 @@ class LlamaCppBackend:
     def question_at(self, start: int) -> None:
         pass      # dense attention: no block choice to make
 
-    def beside(self, ranges: Sequence[tuple[int, int]], room: int) -> list[int]:
+    def beside(self, ranges: Sequence[tuple[int, int]], room: int, head: int | None = None) -> list[int]:
         return []  # llama.cpp's cache holds no blocks to copy (capabilities.beside is False)
 
     def _note_caller(self) -> None:

@@ -56,7 +56,7 @@ AUTO, DOCUMENT, FROM_PASSAGES = "auto", "document", "passages"
 SOURCES = (AUTO, DOCUMENT, FROM_PASSAGES)
 READ_AT_ONCE = 2048   # a document prefix this short is read for its first question: about the passages' cost
 BESIDE = "blocks"     # how a read document's answer sees the best passages again (AnswerOptions.beside)
-BESIDE_MODES = ("blocks", "text", "none")
+BESIDE_MODES = ("blocks", "text", "none", "alone")
 BESIDE_SPARE = 16     # tokens the passages beside leave free (their lead, tokens merging at the seams)
 PART_BREAK = "\n\n"   # between the answers to the parts of a question that asks several things
 PASSAGES_ROOM = 2048  # tokens for the passages of documents not read, beside whole read ones (six of ~200)
@@ -76,7 +76,11 @@ class AnswerOptions:
     beside   how an answer from whole documents sees those passages again, just before the
              question: "blocks", copies of their cached blocks (no prefill: engine/kv/blocked.py
              ``copy_blocks``; as "text" where the backend has no blocks); "text", their text
-             after the documents; "none".
+             after the documents; "none"; "alone", the same copies, the answer reading only them
+             and the prompt's header (the view of engine/attention/select.py): the passages as the
+             whole document's reading left them, nothing else of it. On the tuning half it
+             answered one question fewer than "blocks", its first token much sooner
+             (docs/benchmarks.md): not the default.
     passages how many passages (qa/retrieval.py).
     parts    a question that asks several things, answered from whole documents in one context
              (not from passages, nor across documents' caches laid side by side), is asked one
@@ -352,14 +356,15 @@ class _Job:
         """AnswerOptions.beside as this backend can do it: "blocks" needs a blocked cache, else
         the passages go beside the question as text."""
         mode = self.options.beside
-        return "text" if mode == "blocks" and not self.backend.capabilities.beside else mode
+        return "text" if mode in ("blocks", "alone") and not self.backend.capabilities.beside else mode
 
-    def beside_blocks(self, layout: PromptLayout, room: int) -> list[int]:
+    def beside_blocks(self, layout: PromptLayout, room: int, head: int) -> list[int]:
         """With "blocks": copies of the cached blocks that hold the best passages, laid after the
         document prefix the backend holds now; the tokens they spell (empty otherwise)."""
-        if self.beside_mode != "blocks" or room <= 0:
+        if self.beside_mode not in ("blocks", "alone") or room <= 0:
             return []
-        return self.backend.beside(focus_ranges(self.store, self.query, layout, self.options.passages), room)
+        return self.backend.beside(focus_ranges(self.store, self.query, layout, self.options.passages), room,
+                                   head if self.beside_mode == "alone" else None)
 
     def beside_text(self, doc_ids: list[int], room: int) -> str:
         """With "text": the best passages as pages with markers, within ``room`` tokens, to be
@@ -412,7 +417,7 @@ class _Job:
         text = ""
         if status is not None:
             base = (self.conversation.held[:self.conversation.base] if continuing
-                    else prompt.prefix + self.beside_blocks(layout, room))
+                    else prompt.prefix + self.beside_blocks(layout, room, len(prompt.header)))
             text = self.in_turns(stream, base, prompt.suffix, beside, continuing, layout, parts, later)
         timings = stream.timings(kv_cache=status or "miss", prefix_s=round(prefix_s, 4))
         return self._finish(text, stream, timings, plan, list(doc_ids), layout)
@@ -523,7 +528,7 @@ class _Job:
         if beside:
             suffix = question_suffix(backend, self.question, beside)
         base = (self.conversation.held[:self.conversation.base] if continuing
-                else composed + self.beside_blocks(layout, room))
+                else composed + self.beside_blocks(layout, room, len(first.header)))
         text = stream.run(base + self.turns(stream, base, suffix, beside, continuing), len(base))
         timings = stream.timings(kv_cache="hit" if all(s == "hit" for s in statuses) else "miss",
                                 compose_s=round(compose_s, 4))

@@ -38,6 +38,7 @@ class FakeBackend:
         self.attended: list[tuple[int, int, float]] = []   # what attended_blocks reports
         self.focused: list[tuple[int, list[tuple[int, int]]]] = []   # (prompts given so far, ranges) a call
         self.questions_at: list[int] = []       # where a conversation's new turn began, a call
+        self.views: list[int | None] = []       # beside()'s head, a call
 
     # ---- text
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
@@ -136,8 +137,10 @@ class FakeBackend:
     def question_at(self, start: int) -> None:
         self.questions_at.append(start)
 
-    def beside(self, ranges, room: int) -> list[int]:
-        """Copies of the held tokens in whole blocks, as the blocked cache lays them."""
+    def beside(self, ranges, room: int, head: int | None = None) -> list[int]:
+        """Copies of the held tokens in whole blocks, as the blocked cache lays them; ``head``
+        noted in ``views`` (None: the next answer reads everything)."""
+        self.views.append(head)
         b, n = self.prefix_multiple, len(self.cache)
         wanted = [i for s, e in ranges if e > s for i in range(s // b, -(-e // b)) if i < n // b]
         chosen = sorted(list(dict.fromkeys(wanted))[:max(0, room) // b])

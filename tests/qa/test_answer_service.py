@@ -7,7 +7,7 @@ import pytest
 
 from app.engine.backend import SamplingParams
 from app.qa.answer import AnswerOptions, AskError, answer
-from app.qa.prompt import BESIDE_LEAD
+from app.qa.prompt import BESIDE_LEAD, build_prompt
 from app.store import Store
 from tests.qa.fake_backend import FakeBackend
 
@@ -299,6 +299,26 @@ def test_without_the_passages_beside_a_read_document_ends_with_the_question(stor
                options=AnswerOptions(source="document", beside="none"))
     prompt = backend.detokenize(backend.prompts[-1])
     assert a.answered_from == "document" and BESIDE_LEAD not in prompt and prompt.count("[Page 24]") == 1
+
+
+def test_the_passages_alone_are_copies_read_with_the_prompts_header_only(store, model_file):
+    """beside="alone": the same copies of the best passages' blocks as "blocks", and the backend
+    is told the header's length (what the answer reads besides them); by default it is not."""
+    doc = add_document(store, "/docs/long.txt", "Long Log", long_log())
+    heads = {}
+    for mode in ("blocks", "alone"):
+        backend = FakeBackend(model_file, composes=True, n_ctx=16384)
+        answer(store, backend, "What was the secret password?", [doc], PARAMS,
+               options=AnswerOptions(source="document", beside=mode))
+        prompt = backend.detokenize(backend.prompts[-1])
+        assert prompt.count("secret password was BLUEHERON") == 2 and BESIDE_LEAD not in prompt
+        heads[mode] = backend.views[-1]
+    header = build_prompt(backend, "?", "").header
+    assert heads == {"blocks": None, "alone": len(header)}
+    text_only = FakeBackend(model_file, composes=False, n_ctx=16384)    # nothing to copy: the passages as text
+    answer(store, text_only, "What was the secret password?", [doc], PARAMS,
+           options=AnswerOptions(source="document", beside="alone"))
+    assert BESIDE_LEAD in text_only.detokenize(text_only.prompts[-1]) and text_only.views == []
 
 
 def test_the_passages_beside_take_only_the_room_the_context_leaves(store, model_file):

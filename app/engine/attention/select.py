@@ -17,6 +17,12 @@ inside its trained window, in the spirit of InfLLM (Xiao et al. 2024), which als
 cached keys at attention time, here by whole blocks. The blocks a single query was told to
 read (``state.focus``) go last among the retrieved ones there, nearest the query.
 
+A view (``state.view``) narrows what a question and its answer read to the first blocks (the
+prompt's header) and the blocks from a given one on: copies of the passages a relevance ranking
+found, laid after the document (kv/blocked.py ``copy_blocks``), and the question. They are laid
+out one after another from position 0, so the model reads a short prompt of those passages whose
+keys and values are the ones the whole document's reading computed.
+
 Decode (one query token) runs a fused numba kernel that reads each attended block once for
 all query heads of its KV head, with an online softmax (FlashAttention-style running max);
 prefill chunks gather and dequantize the attended blocks once per chunk and multiply with
@@ -72,6 +78,9 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     n_blocks = -(-n // B)
     KVH = cache.config.n_kv_heads
     n_train = cache.config.context_length or n
+    if state.view is not None and state.view[1] < n_blocks:
+        head, first = state.view
+        return _view(max(head, -(-cfg.sinks // B)), first, n_blocks, KVH, B, pos0, n_tok)
     compressed = cfg.sparse and n > n_train
     dense = cfg.mode == "dense" or (not compressed and (layer < cfg.dense_layers
                                                         or (n_tok > 1 and cfg.dense_prompt)))
@@ -126,6 +135,19 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
         late[focus] = True
     _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, late, B, pos0, blocks, place, qpos)
     return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked)
+
+
+def _view(head: int, first: int, n_blocks: int, n_kv_heads: int, B: int, pos0: int, n_tok: int) -> Selection:
+    """The first ``head`` blocks and the blocks from ``first`` on (state.view), one after another
+    from position 0: what the queries see is a short prompt of the passages and the question."""
+    n_sink = min(head, first)
+    ns = n_sink + n_blocks - first
+    blocks = np.empty((n_kv_heads, ns), np.int64)                     # (KVH, NS)
+    place = np.empty((n_kv_heads, ns), np.int64)                      # (KVH, NS)
+    qpos = np.empty(n_tok, np.int64)                                  # (T,)
+    _assemble(np.zeros((n_kv_heads, 0), np.int64), n_sink, first, n_blocks, 0, True, True,
+              np.zeros(0, np.bool_), B, pos0, blocks, place, qpos)
+    return Selection(blocks, place, qpos, True, (n_sink, n_sink), True)
 
 
 _NO_TOP = np.zeros((1, 1), np.int64)

@@ -11,6 +11,10 @@ this holds how the current question reads them.
   focus       (F,) int64 blocks each single query of the question and its answer reads besides
               the ones it chooses, best first (the passages the caller's own relevance ranking
               found, app/qa/focus.py)
+  view        None, or (head, first) blocks: every query of the question and its answer reads
+              the first ``head`` blocks (the prompt's header, at least the sinks) and the blocks
+              from ``first`` on only (copies of the passages a relevance ranking found laid
+              after the document, then the question), laid out from position 0 as a short prompt
   focus_read  how many of them the last single query read (select() decides: those among its
               candidates, fewer beyond the trained context), counted in the bytes read per token
   selection   layer -> (step, Selection): a decode step's blocks, kept for ``config.reselect`` steps
@@ -38,6 +42,7 @@ class AttentionState:
         self.vote_top: dict[int, tuple] = {}
         self.focus = np.zeros(0, np.int64)            # (F,) int64
         self.focus_read = 0                           # focus blocks the last decode step read on top of K
+        self.view: tuple[int, int] | None = None
         self.selection: dict[int, tuple] = {}
         self.block_mass = np.zeros(0, np.float64)     # (NB,) float64
         self._generation: int | None = None
@@ -54,10 +59,12 @@ class AttentionState:
             mass[:self.block_mass.shape[0]] = self.block_mass
             self.block_mass = mass
 
-    def start_question(self, observe: tuple[int, int] | None, focus=()) -> None:
+    def start_question(self, observe: tuple[int, int] | None, focus=(), view: tuple[int, int] | None = None) -> None:
         """A new prompt: no votes yet; ``observe`` = the positions that will cast them,
-        ``focus`` = blocks its decoding reads whatever the votes say."""
+        ``focus`` = blocks its decoding reads whatever the votes say, ``view`` = the only blocks
+        it reads, (head, first) as above (None: all of them)."""
         self.observe = observe
+        self.view = view
         self.focus = np.array(list(dict.fromkeys(int(b) for b in focus)), np.int64)   # (F,) in order
         self.focus_read = 0
         self.selection.clear()

@@ -786,3 +786,32 @@ def test_f16_blocks_read_as_stored_give_the_bits_of_decoding_them_first(tiny_mod
         return np.stack(logits)        # (6, V)
 
     assert np.array_equal(steps(True), steps(False))
+
+
+@pytest.mark.parametrize("mode", ["sparse-decode", "dense"])
+def test_a_view_reads_the_head_and_the_copies_and_nothing_else(model, mode):
+    """AttentionState.view: a question after copies of some of the document's blocks reads the
+    first blocks (the prompt's header) and the copies only, laid out from position 0: what the
+    document holds elsewhere changes nothing (the copies' keys come before it), while without
+    the view it does."""
+    rng = np.random.default_rng(11)
+    head, doc = rng.integers(3, 2000, 2 * B).tolist(), rng.integers(3, 2000, 8 * B).tolist()
+    other = doc[:4 * B] + rng.integers(3, 2000, 4 * B).tolist()   # the same up to the copied block's end
+    question = rng.integers(3, 2000, 5).tolist()
+
+    def logits(document, view):
+        cache, state = _cache(model, mode=mode, sinks=B, window=2 * B)
+        prefill(model, cache, head + document, chunk=48, state=state)
+        cache.copy_blocks([4, 3])                             # doc blocks 1 and 2, at blocks 10 and 11
+        state.start_question(None, (), (2, 10) if view else None)
+        got = prefill(model, cache, question, chunk=48, all_logits=True, state=state)   # (T, V)
+        sel = select(cache, 0, np.zeros((1, model.config.n_heads, model.config.head_dim), np.float32),
+                     cache.n_tokens - 1, state, *model.rope.rows(0, cache.n_tokens + 1), model.neox)
+        return got, sel
+
+    got, sel = logits(doc, view=True)
+    assert (sel.blocks == [0, 1, 10, 11, 12]).all()               # header, copies, the question's block
+    assert (sel.place == np.arange(5) * B).all()                 # one after another from 0
+    assert sel.qpos[0] == 4 * B + (12 * B + 4) % B               # the last question token, in the last block
+    assert np.array_equal(logits(other, view=True)[0], got)
+    assert not np.allclose(logits(other, view=False)[0], logits(doc, view=False)[0])

@@ -88,6 +88,23 @@ def test_passages_beside_the_question_are_copies_of_the_documents_blocks(tiny_mo
     assert b.beside([(0, block)], room=block - 1) == []                          # no room for a block
 
 
+def test_passages_alone_read_the_header_and_their_copies_only(tiny_model, doc):
+    """beside(..., head=N): the answer reads the blocks of the first N tokens, the copies and its
+    own, and the bytes it reports reading per token are those blocks'."""
+    b = backend(tiny_model("llama"), documents=True, attention="sparse-decode")
+    block = b.kv_spec.block
+    prefix = doc[:len(doc) // block * block]
+    b.ensure_prefix(prefix)
+    copied = b.beside([(3 * block + 5, 4 * block + 2)], room=4 * block, head=block + 1)
+    list(b.generate(prefix + copied + [7, 8, 9], SamplingParams.make_greedy(4)))
+    n_doc, heads = len(prefix) // block, max(2, -(-b.attention.sinks // block))    # the header's 2 blocks or the sinks'
+    assert b.state.view == (2, n_doc)
+    n_blocks = -(-(len(prefix) + len(copied) + 3) // block)
+    assert b.stats.kv_read_bytes_per_token == (heads + n_blocks - n_doc) * block * b.kv_bytes_per_token()
+    assert all(start < n_doc * block or start >= len(prefix) + len(copied)    # the copies count for
+               for start, _, _ in b.attended_blocks(64))                        # the blocks they copy
+
+
 def test_a_full_disk_while_writing_drops_the_file_and_keeps_the_prefix_in_memory(tiny_model, tmp_path, doc,
                                                                                  monkeypatch):
     from app.engine.kv import files as kv_files
