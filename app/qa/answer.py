@@ -79,8 +79,8 @@ class AnswerOptions:
              after the documents; "none"; "alone", the same copies, the answer reading only them
              and the prompt's header (the view of engine/attention/select.py): the passages as the
              whole document's reading left them, nothing else of it. On the tuning half it
-             answered one question fewer than "blocks", its first token much sooner
-             (docs/benchmarks.md): not the default.
+             answered fewer questions than "blocks" (72 of 90 against 77), its first token much
+             sooner (docs/benchmarks.md): not the default.
     passages how many passages (qa/retrieval.py).
     parts    a question that asks several things, answered from whole documents in one context
              (not from passages, nor across documents' caches laid side by side), is asked one
