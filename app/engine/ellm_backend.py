@@ -11,6 +11,7 @@ import numpy as np
 
 from .attention.config import SparseConfig
 from .attention.state import AttentionState
+from .attention.select import view_head
 from .backend import CacheFile, CacheFileError, Capabilities, GenerationStats, Prefix, SamplingParams
 from .generate import PREFILL_CHUNK, generate_tokens, prefill, prefill_reusing_prefix
 from .kv import files as kv_files
@@ -170,9 +171,8 @@ class EllmBackend:
         view = self.state.view if self.blocked else None
         if view is not None:                                      # as select() lays the view out
             b = self.kv_spec.block
-            n_blocks = -(-n_tokens // b)
-            head = min(max(view[0], -(-self.state.config.sinks // b)), view[1])
-            stats.kv_read_bytes_per_token = (head + max(0, n_blocks - view[1])) * b * stats.kv_bytes_per_token
+            head = view_head(view, self.state.config, b)
+            stats.kv_read_bytes_per_token = (head + max(0, -(-n_tokens // b) - view[1])) * b * stats.kv_bytes_per_token
             return
         sparse = self.state.config if self.blocked else None
         extra = self.state.focus_read if sparse is not None else 0

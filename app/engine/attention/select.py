@@ -79,8 +79,7 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     KVH = cache.config.n_kv_heads
     n_train = cache.config.context_length or n
     if state.view is not None and state.view[1] < n_blocks:
-        head, first = state.view
-        return _view(max(head, -(-cfg.sinks // B)), first, n_blocks, KVH, B, pos0, n_tok)
+        return _view(view_head(state.view, cfg, B), state.view[1], n_blocks, KVH, B, pos0, n_tok)
     compressed = cfg.sparse and n > n_train
     dense = cfg.mode == "dense" or (not compressed and (layer < cfg.dense_layers
                                                         or (n_tok > 1 and cfg.dense_prompt)))
@@ -137,10 +136,17 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked)
 
 
-def _view(head: int, first: int, n_blocks: int, n_kv_heads: int, B: int, pos0: int, n_tok: int) -> Selection:
-    """The first ``head`` blocks and the blocks from ``first`` on (state.view), one after another
-    from position 0: what the queries see is a short prompt of the passages and the question."""
-    n_sink = min(head, first)
+def view_head(view: tuple[int, int], cfg: SparseConfig, B: int) -> int:
+    """The blocks a view (state.view) reads before its copies: the header's, at least the
+    sinks', never past the first copy."""
+    head, first = view
+    return min(max(head, -(-cfg.sinks // B)), first)
+
+
+def _view(n_sink: int, first: int, n_blocks: int, n_kv_heads: int, B: int, pos0: int, n_tok: int) -> Selection:
+    """The first ``n_sink`` blocks (view_head) and the blocks from ``first`` on (state.view), one
+    after another from position 0: what the queries see is a short prompt of the passages and the
+    question."""
     ns = n_sink + n_blocks - first
     blocks = np.empty((n_kv_heads, ns), np.int64)                     # (KVH, NS)
     place = np.empty((n_kv_heads, ns), np.int64)                      # (KVH, NS)
