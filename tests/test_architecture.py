@@ -1,8 +1,8 @@
 """The shape of the code, as docs/ARCHITECTURE.md states it: the app and the engine stand on
 floors and import only from their own floor's package or below (imports inside functions count),
 no module imports another in a cycle, Qt stays in app/ui, no module imports or reads another's
-underscore names, modules stay small, every package is documented, and nothing cites a file
-outside the repo."""
+underscore names, modules stay small, the row-group kernels share one driver, every package is
+documented, and nothing cites a file outside the repo."""
 from __future__ import annotations
 
 import ast
@@ -246,6 +246,18 @@ def test_modules_are_small_and_few_are_loose():
     loose_engine = sorted(p.name for p in (APP / "engine").glob("*.py"))
     assert len(loose_app) <= 6, loose_app
     assert len(loose_engine) <= 10, loose_engine
+
+
+def test_every_row_group_kernel_runs_on_the_one_driver():
+    """The modules whose kernels multiply row-group planes (quant/layout.py) leave the threads'
+    split and the last group's padding to ``over_row_groups``: none has a prange or pads itself."""
+    quant = APP / "engine" / "quant"
+    users = sorted(p.name for p in quant.glob("*.py")
+                   if any(m == "app.engine.quant.layout" and "over_row_groups" in names for m, names in _imports(p)))
+    assert users == ["floats.py", "iquants.py", "kquants.py", "kquants_low.py", "legacy.py", "legacy_batch.py"]
+    own = [f"{name}: {n.id}" for name in users for n in ast.walk(_tree(quant / name))
+           if isinstance(n, ast.Name) and n.id in ("prange", "pad_group", "chunk_groups")]
+    assert own == []
 
 
 def test_the_architecture_document_names_every_package():

@@ -148,6 +148,41 @@ def quantize_q8_k(x, xq, dk, bsums):
                 bsums[t, b * 16 + g] = s
 
 
+# ---- the activations of a row-group product (quant/layout.py over_row_groups), freshly made
+
+@njit(nogil=True, cache=True)
+def acts_q8_0(x):
+    """x (n_tok, n_in) float32 -> (xq (n_tok, n_in) int16, dx (n_tok, nb) float32,
+    qsum (n_tok, nb) int32) of quantize_q8_0."""
+    n_tok, n_in = x.shape
+    acts = (np.empty((n_tok, n_in), np.int16), np.empty((n_tok, n_in // 32), np.float32),
+            np.empty((n_tok, n_in // 32), np.int32))
+    quantize_q8_0(x, *acts)
+    return acts
+
+
+@njit(nogil=True, cache=True)
+def acts_q8_1(x):
+    """x (n_tok, n_in) float32 -> (xq (n_tok, n_in) int16, dx (n_tok, nb) float32,
+    sx (n_tok, nb) float32) of quantize_q8_1."""
+    n_tok, n_in = x.shape
+    acts = (np.empty((n_tok, n_in), np.int16), np.empty((n_tok, n_in // 32), np.float32),
+            np.empty((n_tok, n_in // 32), np.float32))
+    quantize_q8_1(x, *acts)
+    return acts
+
+
+@njit(nogil=True, cache=True)
+def acts_q8_k(x):
+    """x (n_tok, n_in) float32 -> (xq (n_tok, n_in) int16, dk (n_tok, nsb) float32,
+    bsums (n_tok, nsb * 16) int32) of quantize_q8_k."""
+    n_tok, n_in = x.shape
+    acts = (np.empty((n_tok, n_in), np.int16), np.empty((n_tok, n_in // QK_K), np.float32),
+            np.empty((n_tok, n_in // 16), np.int32))
+    quantize_q8_k(x, *acts)
+    return acts
+
+
 @njit(nogil=True, cache=True)
 def round_acts(x, out, to_bf16):
     """F16 / BF16 activations: out = x rounded to f16 (ggml_cpu_fp32_to_fp16) or to bf16

@@ -11,12 +11,11 @@ multiply-then-add equals its FMA; sums run over j in order, per row.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..ops.f16 import decode_f16_plane
-from ..cpu.threads import chunk_groups
 from .activations import round_acts
-from .layout import GROUP, group_span, pad_group, tile_plane
+from .layout import GROUP, group_of, group_span, over_row_groups, tile_plane
 
 KIND_F32, KIND_F16, KIND_BF16 = 0, 1, 2
 J_CHUNK = 16  # columns converted to float32 at a time (keeps the converted chunk in L1)
@@ -95,6 +94,23 @@ def _float_group(wg, kind, plain, xr, wf, acc):
                         acc[k, i] += wf[j * w + i] * xk[j]
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _float_scratch(xr):
+    """One thread's buffers for _float_rows."""
+    return (np.empty(J_CHUNK * GROUP, np.float32),      # wf (J_CHUNK, GROUP) float32
+            np.empty((xr.shape[0], GROUP), np.float32))  # acc (n_tok, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _float_rows(planes, r0, w, xr, buffers, out):
+    """Row group (r0, w) against every token: out[:, r0:r0 + w]."""
+    wt, kind, plain = planes
+    wf, acc = buffers
+    acc[:, :] = 0
+    _float_group(group_of(wt, r0, w, xr.shape[1]), kind, plain, xr, wf, acc)
+    out[:, r0:r0 + w] = acc[:, :w]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_float(wt, kind, plain, n_out, n_chunks, x, out):
     """F32 / F16 / BF16 weights; activations rounded to the weight type first.
@@ -105,22 +121,9 @@ def matmul_float(wt, kind, plain, n_out, n_chunks, x, out):
     x    # (n_tok, n_in) float32
     out  # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    xr = np.empty((n_tok, n_in), np.float32)      # (n_tok, n_in) float32, rounded activations
+    xr = np.empty(x.shape, np.float32)            # (n_tok, n_in) float32, rounded activations
     if kind == KIND_F32:
         xr[:, :] = x
     else:
         round_acts(x, xr, kind == KIND_BF16)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        wf = np.empty(J_CHUNK * GROUP, np.float32)  # (J_CHUNK, GROUP) float32
-        acc = np.empty((n_tok, GROUP), np.float32)  # (n_tok, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            acc[:, :] = 0
-            wg = wt[r0 * n_in:(r0 + w) * n_in]
-            if w < GROUP:
-                wg = pad_group(wg, n_in, w)
-            _float_group(wg, kind, plain, xr, wf, acc)
-            out[:, r0:r0 + w] = acc[:, :w]
+    over_row_groups(_float_rows, _float_scratch, (wt, kind, plain), xr, n_out, n_chunks, out)

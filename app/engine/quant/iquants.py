@@ -26,13 +26,12 @@ first product (int16 would overflow at three products).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..ops.f16 import decode_f16, decode_f16_plane
 from ..ops.simd import fma, hsum_float_8
-from ..cpu.threads import chunk_groups
-from .activations import quantize_q8_0, quantize_q8_k
-from .layout import GROUP, group_span, pad_group, tile_plane
+from .activations import acts_q8_0, acts_q8_k
+from .layout import GROUP, group_of, group_span, over_row_groups, tile_plane
 
 QK = 32
 QK_K = 256
@@ -178,6 +177,26 @@ def _iq4_nl_group(qs_g, dw, r0, n_valid, xq, dx, s, acc, out):
                                           acc[4, i], acc[5, i], acc[6, i], acc[7, i])
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _iq4_nl_scratch(acts):
+    """One thread's buffers for _iq4_nl_rows."""
+    nb = acts[1].shape[1]
+    return (np.empty(nb * GROUP, np.float32),        # dw (nb, GROUP) float32
+            np.empty((nb, 8, GROUP), np.int32),      # s (nb, 8, GROUP) int32
+            np.empty((8, GROUP), np.float32))        # acc (8, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _iq4_nl_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of IQ4_NL against every token: out[:, r0:r0 + w]."""
+    qs, d, plain = planes
+    xq, dx, _ = acts
+    dw, s, acc = buffers
+    nb = dx.shape[1]
+    decode_f16_plane(group_of(d, r0, w, nb), dw, plain)
+    _iq4_nl_group(group_of(qs, r0, w, nb * 16), dw, r0, w, xq, dx, s, acc, out)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_iq4_nl(qs, d, plain, n_out, n_chunks, x, out):
     """IQ4_NL weights x Q8_0 activations.
@@ -189,27 +208,7 @@ def matmul_iq4_nl(qs, d, plain, n_out, n_chunks, x, out):
     x      # (n_tok, n_in) float32
     out    # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nb = n_in // QK
-    xq = np.empty((n_tok, n_in), np.int16)    # (n_tok, n_in) int16
-    dx = np.empty((n_tok, nb), np.float32)    # (n_tok, nb) float32
-    qsum = np.empty((n_tok, nb), np.int32)    # (n_tok, nb) int32, unused
-    quantize_q8_0(x, xq, dx, qsum)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nb * GROUP, np.float32)       # (nb, GROUP) float32
-        s = np.empty((nb, 8, GROUP), np.int32)      # (nb, 8, GROUP) int32
-        acc = np.empty((8, GROUP), np.float32)      # (8, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            qs_g = qs[r0 * nb * 16:(r0 + w) * nb * 16]
-            d_g = d[r0 * nb:(r0 + w) * nb]
-            if w < GROUP:
-                qs_g = pad_group(qs_g, nb * 16, w)
-                d_g = pad_group(d_g, nb, w)
-            decode_f16_plane(d_g, dw, plain)
-            _iq4_nl_group(qs_g, dw, r0, w, xq, dx, s, acc, out)
+    over_row_groups(_iq4_nl_rows, _iq4_nl_scratch, (qs, d, plain), acts_q8_0(x), n_out, n_chunks, out)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -246,6 +245,29 @@ def _iq4_xs_group(d_g, sh_g, sl_g, qs_g, xq, dk, part, acc):
                 acc[k, i] += (d_g[b * w + i] * dkk) * np.float32(sumi)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _iq4_xs_scratch(acts):
+    """One thread's buffers for _iq4_xs_rows."""
+    nsb = acts[1].shape[1]
+    return (np.empty(nsb * GROUP, np.float32),              # dw (nsb, GROUP) float32
+            np.empty((nsb, 8, GROUP), np.int32),            # part (nsb, 8, GROUP) int32
+            np.empty((acts[0].shape[0], GROUP), np.float32))  # acc (n_tok, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _iq4_xs_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of IQ4_XS against every token: out[:, r0:r0 + w]."""
+    d, scales_h, scales_l, qs, plain = planes
+    xq, dk, _ = acts
+    dw, part, acc = buffers
+    nsb = dk.shape[1]
+    decode_f16_plane(group_of(d, r0, w, nsb), dw, plain)
+    acc[:, :] = 0
+    _iq4_xs_group(dw, group_of(scales_h, r0, w, nsb), group_of(scales_l, r0, w, nsb * 4),
+                  group_of(qs, r0, w, nsb * 128), xq, dk, part, acc)
+    out[:, r0:r0 + w] = acc[:, :w]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_iq4_xs(d, scales_h, scales_l, qs, plain, n_out, n_chunks, x, out):
     """IQ4_XS weights x Q8_K activations.
@@ -258,28 +280,5 @@ def matmul_iq4_xs(d, scales_h, scales_l, qs, plain, n_out, n_chunks, x, out):
     x            # (n_tok, n_in) float32
     out          # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nsb = n_in // QK_K
-    xq = np.empty((n_tok, n_in), np.int16)         # (n_tok, n_in) int16
-    dk = np.empty((n_tok, nsb), np.float32)        # (n_tok, nsb) float32
-    bsums = np.empty((n_tok, nsb * 16), np.int32)  # (n_tok, nsb * 16) int32, unused
-    quantize_q8_k(x, xq, dk, bsums)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nsb * GROUP, np.float32)         # (nsb, GROUP) float32
-        part = np.empty((nsb, 8, GROUP), np.int32)     # (nsb, 8, GROUP) int32
-        acc = np.empty((n_tok, GROUP), np.float32)     # (n_tok, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            d_g = d[r0 * nsb:(r0 + w) * nsb]
-            sh_g = scales_h[r0 * nsb:(r0 + w) * nsb]
-            sl_g = scales_l[r0 * nsb * 4:(r0 + w) * nsb * 4]
-            qs_g = qs[r0 * nsb * 128:(r0 + w) * nsb * 128]
-            if w < GROUP:
-                d_g, sh_g = pad_group(d_g, nsb, w), pad_group(sh_g, nsb, w)
-                sl_g, qs_g = pad_group(sl_g, nsb * 4, w), pad_group(qs_g, nsb * 128, w)
-            decode_f16_plane(d_g, dw, plain)
-            acc[:, :] = 0
-            _iq4_xs_group(dw, sh_g, sl_g, qs_g, xq, dk, part, acc)
-            out[:, r0:r0 + w] = acc[:, :w]
+    over_row_groups(_iq4_xs_rows, _iq4_xs_scratch, (d, scales_h, scales_l, qs, plain), acts_q8_k(x),
+                    n_out, n_chunks, out)

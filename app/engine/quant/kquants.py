@@ -21,12 +21,11 @@ All sums are exact integers; only the float adds across super-blocks are ordered
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..ops.f16 import decode_f16, decode_f16_plane
-from ..cpu.threads import chunk_groups
-from .activations import quantize_q8_k
-from .layout import GROUP, group_span, pad_group, tile_plane
+from .activations import acts_q8_k
+from .layout import GROUP, group_of, group_span, over_row_groups, tile_plane
 
 QK_K = 256
 
@@ -283,6 +282,34 @@ def _q45_group(d_g, m_g, sc_g, qh_g, qs_g, has_qh, xq, dk, bsums, sc, mn, part, 
                 acc[k, i] += (d_g[b * w + i] * dkk) * np.float32(sumi) - (m_g[b * w + i] * dkk) * np.float32(summ)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _q45_scratch(acts):
+    """One thread's buffers for _q45_rows."""
+    nsb = acts[1].shape[1]
+    return (np.empty(nsb * GROUP, np.float32),           # dw (nsb, GROUP) float32
+            np.empty(nsb * GROUP, np.float32),           # mw (nsb, GROUP) float32
+            np.empty((nsb, 8, GROUP), np.int16),         # sc (nsb, 8, GROUP) int16
+            np.empty((nsb, 8, GROUP), np.int16),         # mn (nsb, 8, GROUP) int16
+            np.empty((nsb, 4, 8, GROUP), np.int16),      # part (nsb, 4, 8, GROUP) int16
+            np.empty((acts[0].shape[0], GROUP), np.float32))  # acc (n_tok, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q45_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of Q4_K / Q5_K against every token: out[:, r0:r0 + w]."""
+    d, dmin, scales, qh, qs, has_qh, plain = planes
+    xq, dk, bsums = acts
+    dw, mw, sc, mn, part, acc = buffers
+    nsb = dk.shape[1]
+    decode_f16_plane(group_of(d, r0, w, nsb), dw, plain)
+    decode_f16_plane(group_of(dmin, r0, w, nsb), mw, plain)
+    qh_g = group_of(qh, r0, w, nsb * 32) if has_qh else qh
+    acc[:, :] = 0
+    _q45_group(dw, mw, group_of(scales, r0, w, nsb * 12), qh_g, group_of(qs, r0, w, nsb * 128), has_qh,
+               xq, dk, bsums, sc, mn, part, acc)
+    out[:, r0:r0 + w] = acc[:, :w]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_q45_k(d, dmin, scales, qh, qs, has_qh, plain, n_out, n_chunks, x, out):
     """Q4_K (has_qh False) / Q5_K weights x Q8_K activations.
@@ -296,37 +323,8 @@ def matmul_q45_k(d, dmin, scales, qh, qs, has_qh, plain, n_out, n_chunks, x, out
     x        # (n_tok, n_in) float32
     out      # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nsb = n_in // QK_K
-    xq = np.empty((n_tok, n_in), np.int16)        # (n_tok, n_in) int16
-    dk = np.empty((n_tok, nsb), np.float32)       # (n_tok, nsb) float32
-    bsums = np.empty((n_tok, nsb * 16), np.int32)  # (n_tok, nsb * 16) int32
-    quantize_q8_k(x, xq, dk, bsums)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nsb * GROUP, np.float32)        # (nsb, GROUP) float32
-        mw = np.empty(nsb * GROUP, np.float32)        # (nsb, GROUP) float32
-        sc = np.empty((nsb, 8, GROUP), np.int16)      # (nsb, 8, GROUP) int16
-        mn = np.empty((nsb, 8, GROUP), np.int16)      # (nsb, 8, GROUP) int16
-        part = np.empty((nsb, 4, 8, GROUP), np.int16)  # (nsb, 4, 8, GROUP) int16
-        acc = np.empty((n_tok, GROUP), np.float32)    # (n_tok, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            d_g = d[r0 * nsb:(r0 + w) * nsb]
-            m_g = dmin[r0 * nsb:(r0 + w) * nsb]
-            sc_g = scales[r0 * nsb * 12:(r0 + w) * nsb * 12]
-            qh_g = qh[r0 * nsb * 32:(r0 + w) * nsb * 32] if has_qh else qh
-            qs_g = qs[r0 * nsb * 128:(r0 + w) * nsb * 128]
-            if w < GROUP:
-                d_g, m_g = pad_group(d_g, nsb, w), pad_group(m_g, nsb, w)
-                sc_g, qs_g = pad_group(sc_g, nsb * 12, w), pad_group(qs_g, nsb * 128, w)
-                qh_g = pad_group(qh_g, nsb * 32, w) if has_qh else qh
-            decode_f16_plane(d_g, dw, plain)
-            decode_f16_plane(m_g, mw, plain)
-            acc[:, :] = 0
-            _q45_group(dw, mw, sc_g, qh_g, qs_g, has_qh, xq, dk, bsums, sc, mn, part, acc)
-            out[:, r0:r0 + w] = acc[:, :w]
+    over_row_groups(_q45_rows, _q45_scratch, (d, dmin, scales, qh, qs, has_qh, plain), acts_q8_k(x),
+                    n_out, n_chunks, out)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -390,6 +388,29 @@ def _q6_group(d_g, ql_g, qh_g, sc_g, xq, dk, part, acc):
                 acc[k, i] += (d_g[b * w + i] * dkk) * np.float32(sumi)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _q6_scratch(acts):
+    """One thread's buffers for _q6_rows."""
+    nsb = acts[1].shape[1]
+    return (np.empty(nsb * GROUP, np.float32),              # dw (nsb, GROUP) float32
+            np.empty((nsb, 2, 4, 4, GROUP), np.int16),      # part (nsb, 2, 4, 4, GROUP) int16
+            np.empty((acts[0].shape[0], GROUP), np.float32))  # acc (n_tok, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q6_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of Q6_K against every token: out[:, r0:r0 + w]."""
+    ql, qh, scales, d, plain = planes
+    xq, dk, _ = acts
+    dw, part, acc = buffers
+    nsb = dk.shape[1]
+    decode_f16_plane(group_of(d, r0, w, nsb), dw, plain)
+    acc[:, :] = 0
+    _q6_group(dw, group_of(ql, r0, w, nsb * 128), group_of(qh, r0, w, nsb * 64), group_of(scales, r0, w, nsb * 16),
+              xq, dk, part, acc)
+    out[:, r0:r0 + w] = acc[:, :w]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_q6_k(ql, qh, scales, d, plain, n_out, n_chunks, x, out):
     """Q6_K weights x Q8_K activations.
@@ -403,28 +424,4 @@ def matmul_q6_k(ql, qh, scales, d, plain, n_out, n_chunks, x, out):
     x       # (n_tok, n_in) float32
     out     # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nsb = n_in // QK_K
-    xq = np.empty((n_tok, n_in), np.int16)        # (n_tok, n_in) int16
-    dk = np.empty((n_tok, nsb), np.float32)       # (n_tok, nsb) float32
-    bsums = np.empty((n_tok, nsb * 16), np.int32)  # (n_tok, nsb * 16) int32, unused
-    quantize_q8_k(x, xq, dk, bsums)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nsb * GROUP, np.float32)           # (nsb, GROUP) float32
-        part = np.empty((nsb, 2, 4, 4, GROUP), np.int16)  # (nsb, 2, 4, 4, GROUP) int16
-        acc = np.empty((n_tok, GROUP), np.float32)       # (n_tok, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            d_g = d[r0 * nsb:(r0 + w) * nsb]
-            ql_g = ql[r0 * nsb * 128:(r0 + w) * nsb * 128]
-            qh_g = qh[r0 * nsb * 64:(r0 + w) * nsb * 64]
-            sc_g = scales[r0 * nsb * 16:(r0 + w) * nsb * 16]
-            if w < GROUP:
-                d_g, ql_g = pad_group(d_g, nsb, w), pad_group(ql_g, nsb * 128, w)
-                qh_g, sc_g = pad_group(qh_g, nsb * 64, w), pad_group(sc_g, nsb * 16, w)
-            decode_f16_plane(d_g, dw, plain)
-            acc[:, :] = 0
-            _q6_group(dw, ql_g, qh_g, sc_g, xq, dk, part, acc)
-            out[:, r0:r0 + w] = acc[:, :w]
+    over_row_groups(_q6_rows, _q6_scratch, (ql, qh, scales, d, plain), acts_q8_k(x), n_out, n_chunks, out)

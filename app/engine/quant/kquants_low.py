@@ -23,12 +23,11 @@ adds across super-blocks are ordered differently from llama.cpp.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..ops.f16 import decode_f16, decode_f16_plane
-from ..cpu.threads import chunk_groups
-from .activations import quantize_q8_k
-from .layout import GROUP, group_span, pad_group, tile_plane
+from .activations import acts_q8_k
+from .layout import GROUP, group_of, group_span, over_row_groups, tile_plane
 
 QK_K = 256
 
@@ -245,6 +244,30 @@ def _q3_group(hm_g, qs_g, sc_g, d_g, xq, dk, sc, part, acc):
                 acc[k, i] += (d_g[b * w + i] * dkk) * np.float32(sumi)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _q2_scratch(acts):
+    """One thread's buffers for _q2_rows."""
+    nsb = acts[1].shape[1]
+    return (np.empty(nsb * GROUP, np.float32),              # dw (nsb, GROUP) float32
+            np.empty(nsb * GROUP, np.float32),              # mw (nsb, GROUP) float32
+            np.empty((nsb, 16, GROUP), np.int16),           # part (nsb, 16, GROUP) int16
+            np.empty((acts[0].shape[0], GROUP), np.float32))  # acc (n_tok, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q2_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of Q2_K against every token: out[:, r0:r0 + w]."""
+    scales, qs, d, dmin, plain = planes
+    xq, dk, bsums = acts
+    dw, mw, part, acc = buffers
+    nsb = dk.shape[1]
+    decode_f16_plane(group_of(d, r0, w, nsb), dw, plain)
+    decode_f16_plane(group_of(dmin, r0, w, nsb), mw, plain)
+    acc[:, :] = 0
+    _q2_group(group_of(scales, r0, w, nsb * 16), group_of(qs, r0, w, nsb * 64), dw, mw, xq, dk, bsums, part, acc)
+    out[:, r0:r0 + w] = acc[:, :w]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_q2_k(scales, qs, d, dmin, plain, n_out, n_chunks, x, out):
     """Q2_K weights x Q8_K activations.
@@ -257,33 +280,31 @@ def matmul_q2_k(scales, qs, d, dmin, plain, n_out, n_chunks, x, out):
     x        # (n_tok, n_in) float32
     out      # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nsb = n_in // QK_K
-    xq = np.empty((n_tok, n_in), np.int16)         # (n_tok, n_in) int16
-    dk = np.empty((n_tok, nsb), np.float32)        # (n_tok, nsb) float32
-    bsums = np.empty((n_tok, nsb * 16), np.int32)  # (n_tok, nsb * 16) int32
-    quantize_q8_k(x, xq, dk, bsums)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nsb * GROUP, np.float32)         # (nsb, GROUP) float32
-        mw = np.empty(nsb * GROUP, np.float32)         # (nsb, GROUP) float32
-        part = np.empty((nsb, 16, GROUP), np.int16)    # (nsb, 16, GROUP) int16
-        acc = np.empty((n_tok, GROUP), np.float32)     # (n_tok, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            sc_g = scales[r0 * nsb * 16:(r0 + w) * nsb * 16]
-            qs_g = qs[r0 * nsb * 64:(r0 + w) * nsb * 64]
-            d_g = d[r0 * nsb:(r0 + w) * nsb]
-            m_g = dmin[r0 * nsb:(r0 + w) * nsb]
-            if w < GROUP:
-                sc_g, qs_g = pad_group(sc_g, nsb * 16, w), pad_group(qs_g, nsb * 64, w)
-                d_g, m_g = pad_group(d_g, nsb, w), pad_group(m_g, nsb, w)
-            decode_f16_plane(d_g, dw, plain)
-            decode_f16_plane(m_g, mw, plain)
-            acc[:, :] = 0
-            _q2_group(sc_g, qs_g, dw, mw, xq, dk, bsums, part, acc)
-            out[:, r0:r0 + w] = acc[:, :w]
+    over_row_groups(_q2_rows, _q2_scratch, (scales, qs, d, dmin, plain), acts_q8_k(x), n_out, n_chunks, out)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q3_scratch(acts):
+    """One thread's buffers for _q3_rows."""
+    nsb = acts[1].shape[1]
+    return (np.empty(nsb * GROUP, np.float32),              # dw (nsb, GROUP) float32
+            np.empty((nsb, 16, GROUP), np.int16),           # sc (nsb, 16, GROUP) int16
+            np.empty((nsb, 16, GROUP), np.int16),           # part (nsb, 16, GROUP) int16
+            np.empty((acts[0].shape[0], GROUP), np.float32))  # acc (n_tok, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q3_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of Q3_K against every token: out[:, r0:r0 + w]."""
+    hmask, qs, scales, d, plain = planes
+    xq, dk, _ = acts
+    dw, sc, part, acc = buffers
+    nsb = dk.shape[1]
+    decode_f16_plane(group_of(d, r0, w, nsb), dw, plain)
+    acc[:, :] = 0
+    _q3_group(group_of(hmask, r0, w, nsb * 32), group_of(qs, r0, w, nsb * 64), group_of(scales, r0, w, nsb * 12),
+              dw, xq, dk, sc, part, acc)
+    out[:, r0:r0 + w] = acc[:, :w]
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -299,29 +320,4 @@ def matmul_q3_k(hmask, qs, scales, d, plain, n_out, n_chunks, x, out):
     x        # (n_tok, n_in) float32
     out      # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nsb = n_in // QK_K
-    xq = np.empty((n_tok, n_in), np.int16)         # (n_tok, n_in) int16
-    dk = np.empty((n_tok, nsb), np.float32)        # (n_tok, nsb) float32
-    bsums = np.empty((n_tok, nsb * 16), np.int32)  # (n_tok, nsb * 16) int32, unused
-    quantize_q8_k(x, xq, dk, bsums)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nsb * GROUP, np.float32)         # (nsb, GROUP) float32
-        sc = np.empty((nsb, 16, GROUP), np.int16)      # (nsb, 16, GROUP) int16
-        part = np.empty((nsb, 16, GROUP), np.int16)    # (nsb, 16, GROUP) int16
-        acc = np.empty((n_tok, GROUP), np.float32)     # (n_tok, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            hm_g = hmask[r0 * nsb * 32:(r0 + w) * nsb * 32]
-            qs_g = qs[r0 * nsb * 64:(r0 + w) * nsb * 64]
-            sc_g = scales[r0 * nsb * 12:(r0 + w) * nsb * 12]
-            d_g = d[r0 * nsb:(r0 + w) * nsb]
-            if w < GROUP:
-                hm_g, qs_g = pad_group(hm_g, nsb * 32, w), pad_group(qs_g, nsb * 64, w)
-                sc_g, d_g = pad_group(sc_g, nsb * 12, w), pad_group(d_g, nsb, w)
-            decode_f16_plane(d_g, dw, plain)
-            acc[:, :] = 0
-            _q3_group(hm_g, qs_g, sc_g, dw, xq, dk, sc, part, acc)
-            out[:, r0:r0 + w] = acc[:, :w]
+    over_row_groups(_q3_rows, _q3_scratch, (hmask, qs, scales, d, plain), acts_q8_k(x), n_out, n_chunks, out)

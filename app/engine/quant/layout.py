@@ -25,6 +25,17 @@ the GGUF tensor: no padding, no f32 copy (docs/ARCHITECTURE.md, "Weights stay qu
 Threads take contiguous runs of groups (``chunk_groups``, cpu/threads.py), so every matrix with a multiple of
 32 rows splits evenly over 2 threads.
 
+One driver
+----------
+Every row-group product kernel (legacy.py, legacy_batch.py, kquants.py, kquants_low.py,
+iquants.py, floats.py) is the same loop around its format's arithmetic: quantize the
+activations once, give each thread a run of groups and its own scratch, widen the last group
+where it is narrow, and write each group's rows of the output. ``over_row_groups`` is that loop;
+a kernel names its format's ``rows`` function (one group of its planes against every token) and
+``scratch`` function (a thread's buffers), and reads each plane's group with ``group_of``. The
+driver is inlined into each kernel (numba cannot cache a kernel that takes another kernel as an
+argument, and a kernel inlining it keeps its own cache entry and its own ``prange``).
+
 f16 scales
 ----------
 The conversions live in ops/f16.py. Scales are converted per call (keeping them f16 keeps the
@@ -40,10 +51,10 @@ a fresh cache rather than leaving the kernels that inline it with the old code.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..cpu.numa import placed_empty
-from ..cpu.threads import num_threads
+from ..cpu.threads import chunk_groups, num_threads
 
 GROUP = 16  # rows per group: 16 int16 lanes of an AVX2 register
 
@@ -91,6 +102,36 @@ def pad_group(src, k, w):
     for c in range(k):
         dst[c * GROUP:c * GROUP + w] = src[c * w:(c + 1) * w]
     return dst
+
+
+@njit(nogil=True, cache=True, inline="always")
+def group_of(plane, r0, w, k):
+    """Row group (r0, w) of a plane with k units a row: (k * GROUP,), the group itself where it
+    is full, else widened with zero rows (pad_group)."""
+    g = plane[r0 * k:(r0 + w) * k]
+    if w < GROUP:
+        return pad_group(g, k, w)
+    return g
+
+
+@njit(nogil=True, inline="always")
+def over_row_groups(rows, scratch, planes, acts, n_out, n_chunks, out):
+    """The row-group product: out (n_tok, n_out) = W @ x for every token (see "One driver").
+
+    rows     # rows(planes, r0, w, acts, buffers, out): one group of W against every token,
+             # writing out[:, r0:r0 + w]
+    scratch  # scratch(acts) -> buffers: one thread's, made once per thread
+    planes   # the format's planes (and flags), as its rows function takes them
+    acts     # the quantized activations, as its rows function takes them
+    n_chunks # runs of groups, one per thread (n_chunks_for)
+    """
+    n_groups = (n_out + GROUP - 1) // GROUP
+    for c in prange(n_chunks):
+        buffers = scratch(acts)
+        g0, g1 = chunk_groups(c, n_chunks, n_groups)
+        for g in range(g0, g1):
+            r0, w = group_span(g, n_out)
+            rows(planes, r0, w, acts, buffers, out)
 
 
 def n_chunks_for(n_out: int) -> int:

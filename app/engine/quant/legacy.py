@@ -29,13 +29,12 @@ then runs the same mul_sum_i8_pairs / mul_sum_us8_pairs and FMA per block.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..ops.f16 import decode_f16, decode_f16_plane
 from ..ops.simd import fma, hsum_float_8
-from ..cpu.threads import chunk_groups
-from .activations import quantize_q8_0, quantize_q8_1
-from .layout import GROUP, group_span, pad_group, tile_plane
+from .activations import acts_q8_0, acts_q8_1
+from .layout import GROUP, group_of, group_span, over_row_groups, tile_plane
 
 QK = 32
 EIGHT = np.int32(8)
@@ -337,21 +336,39 @@ def _q8_group(qs_g, dw, r0, n_valid, xq, dx, p, acc, out):
 @njit(nogil=True, cache=True, inline="always")
 def group_planes(qs, qh, d, m, per_block, has_qh, has_min, nb, r0, w):
     """(qs, qh, d, m) of the row group at r0 (w rows), a narrow last group widened to GROUP
-    rows (pad_group); qh and m come back as given where the format has none. per_block: the
-    bytes of qs a block and row (16 for Q4/Q5, 32 for Q8_0)."""
-    qs_g = qs[r0 * nb * per_block:(r0 + w) * nb * per_block]
-    qh_g = qh[r0 * nb * 4:(r0 + w) * nb * 4] if has_qh else qh
-    d_g = d[r0 * nb:(r0 + w) * nb]
-    m_g = m[r0 * nb:(r0 + w) * nb] if has_min else m
-    if w < GROUP:
-        qs_g = pad_group(qs_g, nb * per_block, w)
-        qh_g = pad_group(qh_g, nb * 4, w) if has_qh else qh
-        d_g = pad_group(d_g, nb, w)
-        m_g = pad_group(m_g, nb, w) if has_min else m
-    return qs_g, qh_g, d_g, m_g
+    rows (layout.py group_of); qh and m come back as given where the format has none.
+    per_block: the bytes of qs a block and row (16 for Q4/Q5, 32 for Q8_0)."""
+    qh_g = group_of(qh, r0, w, nb * 4) if has_qh else qh
+    m_g = group_of(m, r0, w, nb) if has_min else m
+    return group_of(qs, r0, w, nb * per_block), qh_g, group_of(d, r0, w, nb), m_g
 
 
 # ---- matmul: out (n_tok, n_out) = x (n_tok, n_in) @ W.T
+
+@njit(nogil=True, cache=True, inline="always")
+def _nibble_scratch(acts):
+    """One thread's buffers for _nibble_rows."""
+    nb = acts[1].shape[1]
+    return (np.empty(nb * GROUP, np.float32),       # dw (nb, GROUP) float32
+            np.zeros(nb * GROUP, np.float32),       # mw (nb, GROUP) float32 (zeros: Q4_0 / Q5_0)
+            np.empty((nb, 8, GROUP), np.int16),     # s (nb, 8, GROUP) int16
+            np.empty((8, GROUP), np.float32),       # acc (8, GROUP) float32
+            np.empty(GROUP, np.float32))            # summs (GROUP,) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _nibble_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of Q4_0 / Q4_1 / Q5_0 / Q5_1 against every token: out[:, r0:r0 + w]."""
+    qs, qh, d, m, kind, plain = planes
+    xq, dx, sx = acts
+    dw, mw, s, acc, summs = buffers
+    has_min = (kind & 1) == 1
+    qs_g, qh_g, d_g, m_g = group_planes(qs, qh, d, m, 16, (kind & 2) == 2, has_min, dx.shape[1], r0, w)
+    decode_f16_plane(d_g, dw, plain)
+    if has_min:
+        decode_f16_plane(m_g, mw, plain)
+    _nibble_group(qs_g, qh_g, dw, mw, kind, r0, w, xq, dx, sx, s, acc, summs, out)
+
 
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_nibbles(qs, qh, d, m, kind, plain, n_out, n_chunks, x, out):
@@ -366,33 +383,32 @@ def matmul_nibbles(qs, qh, d, m, kind, plain, n_out, n_chunks, x, out):
     x      # (n_tok, n_in) float32
     out    # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nb = n_in // QK
-    has_min = (kind & 1) == 1
-    has_qh = (kind & 2) == 2
-    xq = np.empty((n_tok, n_in), np.int16)    # (n_tok, n_in) int16
-    dx = np.empty((n_tok, nb), np.float32)    # (n_tok, nb) float32
-    sx = np.zeros((n_tok, nb), np.float32)    # (n_tok, nb) float32: Q8_1's s (Q4_1 / Q5_1 only)
-    if has_min:
-        quantize_q8_1(x, xq, dx, sx)
+    if (kind & 1) == 1:
+        acts = acts_q8_1(x)
     else:
-        qsum = np.empty((n_tok, nb), np.int32)  # (n_tok, nb) int32, unused
-        quantize_q8_0(x, xq, dx, qsum)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nb * GROUP, np.float32)       # (nb, GROUP) float32
-        mw = np.zeros(nb * GROUP, np.float32)       # (nb, GROUP) float32
-        s = np.empty((nb, 8, GROUP), np.int16)      # (nb, 8, GROUP) int16
-        acc = np.empty((8, GROUP), np.float32)      # (8, GROUP) float32
-        summs = np.empty(GROUP, np.float32)         # (GROUP,) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            qs_g, qh_g, d_g, m_g = group_planes(qs, qh, d, m, 16, has_qh, has_min, nb, r0, w)
-            decode_f16_plane(d_g, dw, plain)
-            if has_min:
-                decode_f16_plane(m_g, mw, plain)
-            _nibble_group(qs_g, qh_g, dw, mw, kind, r0, w, xq, dx, sx, s, acc, summs, out)
+        xq, dx, _ = acts_q8_0(x)
+        acts = (xq, dx, np.zeros(dx.shape, np.float32))   # Q8_1's s: unused without a min
+    over_row_groups(_nibble_rows, _nibble_scratch, (qs, qh, d, m, kind, plain), acts, n_out, n_chunks, out)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q8_scratch(acts):
+    """One thread's buffers for _q8_rows."""
+    nb = acts[1].shape[1]
+    return (np.empty(nb * GROUP, np.float32),       # dw (nb, GROUP) float32
+            np.empty((nb, 16, GROUP), np.int16),    # p (nb, 16, GROUP) int16
+            np.empty((8, GROUP), np.float32))       # acc (8, GROUP) float32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _q8_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) of Q8_0 against every token: out[:, r0:r0 + w]."""
+    qs, d, plain = planes
+    xq, dx, _ = acts
+    dw, p, acc = buffers
+    nb = dx.shape[1]
+    decode_f16_plane(group_of(d, r0, w, nb), dw, plain)
+    _q8_group(group_of(qs, r0, w, nb * QK), dw, r0, w, xq, dx, p, acc, out)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -406,20 +422,4 @@ def matmul_q8_0(qs, d, plain, n_out, n_chunks, x, out):
     x      # (n_tok, n_in) float32
     out    # (n_tok, n_out) float32
     """
-    n_tok, n_in = x.shape
-    nb = n_in // QK
-    xq = np.empty((n_tok, n_in), np.int16)    # (n_tok, n_in) int16
-    dx = np.empty((n_tok, nb), np.float32)    # (n_tok, nb) float32
-    qsum = np.empty((n_tok, nb), np.int32)    # (n_tok, nb) int32, unused
-    quantize_q8_0(x, xq, dx, qsum)
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        dw = np.empty(nb * GROUP, np.float32)       # (nb, GROUP) float32
-        p = np.empty((nb, 16, GROUP), np.int16)     # (nb, 16, GROUP) int16
-        acc = np.empty((8, GROUP), np.float32)      # (8, GROUP) float32
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            qs_g, _, d_g, _ = group_planes(qs, qs, d, d, QK, False, False, nb, r0, w)
-            decode_f16_plane(d_g, dw, plain)
-            _q8_group(qs_g, dw, r0, w, xq, dx, p, acc, out)
+    over_row_groups(_q8_rows, _q8_scratch, (qs, d, plain), acts_q8_0(x), n_out, n_chunks, out)

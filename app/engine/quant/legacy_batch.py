@@ -34,14 +34,13 @@ both on any CPU (``dpbusd`` is emulated exactly without VNNI).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..ops.f16 import decode_f16_plane
 from ..ops.simd import add8, fma8, load8, mul8, splat8_2d, store8, store8_2d, zero8
 from ..ops.simd_int import bcast32, dpbusd, load256, to_f32
-from ..cpu.threads import chunk_groups
-from .activations import quantize_q8_0, quantize_q8_1
-from .layout import GROUP, group_span
+from .activations import acts_q8_0, acts_q8_1
+from .layout import GROUP, over_row_groups
 from .legacy import group_planes
 
 QK = 32
@@ -209,6 +208,59 @@ def _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, has_min, summs, r0, w, 
 
 # ---- matmul: out (n_tok, n_out) = x (n_tok, n_in) @ W.T, the formats' llama.cpp numbers
 
+@njit(nogil=True, cache=True, inline="always")
+def _form(unpack):
+    """(is_q8, has_min, has_qh, offset) of an ``unpack`` kind: offset is what the nibbles' unsigned
+    bytes carry above q (0 for Q8_0 and the formats with a min)."""
+    is_q8 = unpack == UNPACK_Q8_0
+    has_min = not is_q8 and (unpack & 1) == 1
+    has_qh = not is_q8 and (unpack & 2) == 2
+    return is_q8, has_min, has_qh, 0 if (is_q8 or has_min) else (16 if has_qh else 8)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _batch_scratch(acts):
+    """One thread's buffers for _batch_rows."""
+    n_tok, nb = acts[0].shape
+    return (np.empty(nb * QK * GROUP, np.float32),           # wf (nb, 32, GROUP) float32
+            np.empty(nb * QK * GROUP, np.uint8),             # wb (nb, 8, GROUP, 4) uint8 (VNNI)
+            np.empty(nb * GROUP, np.float32),                # dw (nb, GROUP) float32
+            np.empty(nb * GROUP, np.float32),                # mw (nb, GROUP) float32
+            np.empty(TOKENS * LANES, np.float32),            # lanes (TOKENS, 8, GROUP) float32
+            np.empty(8, np.float32),                         # tmp (8,) float32
+            np.empty(n_tok * GROUP, np.float32))             # summs (n_tok, GROUP) float32: Q4_1 / Q5_1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _batch_rows(planes, r0, w, acts, buffers, out):
+    """Row group (r0, w) unpacked once, then every token against it: out[:, r0:r0 + w]."""
+    qs, qh, d, m, unpack, plain, vnni = planes
+    dx, sx, xf, xb, off = acts
+    wf, wb, dw, mw, lanes, tmp, summs = buffers
+    n_tok, nb = dx.shape
+    is_q8, has_min, has_qh, offset = _form(unpack)
+    qs_g, qh_g, d_g, m_g = group_planes(qs, qh, d, m, QK if is_q8 else 16, has_qh, has_min, nb, r0, w)
+    decode_f16_plane(d_g, dw, plain)
+    if is_q8:
+        _unpack_q8(qs_g, nb, wf)
+    else:
+        _unpack_nibbles(qs_g, qh_g, has_qh, offset, nb, wf)
+    if has_min:
+        decode_f16_plane(m_g, mw, plain)
+        for k in range(n_tok):     # m_w * s_x is exact, so one FMA is llama.cpp's fma
+            sa = zero8()
+            sb = zero8()
+            for b in range(nb):
+                sk = splat8_2d(sx, k, b)
+                sa = fma8(load8(mw, b * GROUP), sk, sa)
+                sb = fma8(load8(mw, b * GROUP + 8), sk, sb)
+            store8(sa, summs, k * GROUP)
+            store8(sb, summs, k * GROUP + 8)
+    if vnni:
+        _unpack_bytes(wf, nb, 128 if is_q8 else offset, wb)
+    _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, has_min, summs, r0, w, lanes, tmp, out)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def matmul_legacy_batch(qs, qh, d, m, unpack, plain, vnni, n_out, n_chunks, x, out):
     """Q4_0 / Q5_0 / Q8_0 (against Q8_0 activations) or Q4_1 / Q5_1 (against Q8_1).
@@ -225,19 +277,12 @@ def matmul_legacy_batch(qs, qh, d, m, unpack, plain, vnni, n_out, n_chunks, x, o
     """
     n_tok, n_in = x.shape
     nb = n_in // QK
-    is_q8 = unpack == UNPACK_Q8_0
-    has_min = not is_q8 and (unpack & 1) == 1
-    has_qh = not is_q8 and (unpack & 2) == 2
-    per_block = QK if is_q8 else 16
-    offset = 0 if (is_q8 or has_min) else (16 if has_qh else 8)
-    xq = np.empty((n_tok, n_in), np.int16)    # (n_tok, n_in) int16
-    dx = np.empty((n_tok, nb), np.float32)    # (n_tok, nb) float32
-    sx = np.zeros((n_tok, nb), np.float32)    # (n_tok, nb) float32: Q8_1's s
+    is_q8, has_min, _, offset = _form(unpack)
     if has_min:
-        quantize_q8_1(x, xq, dx, sx)
+        xq, dx, sx = acts_q8_1(x)
     else:
-        qsum = np.empty((n_tok, nb), np.int32)  # (n_tok, nb) int32, unused
-        quantize_q8_0(x, xq, dx, qsum)
+        xq, dx, _ = acts_q8_0(x)
+        sx = np.zeros((n_tok, nb), np.float32)  # (n_tok, nb) float32: Q8_1's s, unused without a min
     # each form gets the activations it multiplies (the other's arrays stay empty)
     xf = xq.astype(np.float32) if not vnni else np.empty((0, n_in), np.float32)  # (n_tok, n_in) float32: integers
     xb = xq.astype(np.int8).reshape(-1) if vnni else np.empty(0, np.int8)        # (n_tok * n_in,) int8
@@ -248,35 +293,5 @@ def matmul_legacy_batch(qs, qh, d, m, unpack, plain, vnni, n_out, n_chunks, x, o
             for g4 in range(nb * 8):
                 off[t * nb * 8 + g4] = -bias * (np.int32(xq[t, 4 * g4]) + np.int32(xq[t, 4 * g4 + 1])
                                                 + np.int32(xq[t, 4 * g4 + 2]) + np.int32(xq[t, 4 * g4 + 3]))
-    n_groups = (n_out + GROUP - 1) // GROUP
-    for c in prange(n_chunks):
-        wf = np.empty(nb * QK * GROUP, np.float32)         # (nb, 32, GROUP) float32
-        wb = np.empty(nb * QK * GROUP, np.uint8)           # (nb, 8, GROUP, 4) uint8 (VNNI)
-        dw = np.empty(nb * GROUP, np.float32)              # (nb, GROUP) float32
-        mw = np.empty(nb * GROUP, np.float32)              # (nb, GROUP) float32
-        lanes = np.empty(TOKENS * LANES, np.float32)       # (TOKENS, 8, GROUP) float32
-        tmp = np.empty(8, np.float32)                      # (8,) float32
-        summs = np.empty(n_tok * GROUP if has_min else 0, np.float32)  # (n_tok, GROUP) float32: Q4_1 / Q5_1
-        g0, g1 = chunk_groups(c, n_chunks, n_groups)
-        for g in range(g0, g1):
-            r0, w = group_span(g, n_out)
-            qs_g, qh_g, d_g, m_g = group_planes(qs, qh, d, m, per_block, has_qh, has_min, nb, r0, w)
-            decode_f16_plane(d_g, dw, plain)
-            if is_q8:
-                _unpack_q8(qs_g, nb, wf)
-            else:
-                _unpack_nibbles(qs_g, qh_g, has_qh, offset, nb, wf)
-            if has_min:
-                decode_f16_plane(m_g, mw, plain)
-                for k in range(n_tok):     # m_w * s_x is exact, so one FMA is llama.cpp's fma
-                    sa = zero8()
-                    sb = zero8()
-                    for b in range(nb):
-                        sk = splat8_2d(sx, k, b)
-                        sa = fma8(load8(mw, b * GROUP), sk, sa)
-                        sb = fma8(load8(mw, b * GROUP + 8), sk, sb)
-                    store8(sa, summs, k * GROUP)
-                    store8(sb, summs, k * GROUP + 8)
-            if vnni:
-                _unpack_bytes(wf, nb, bias, wb)
-            _group_tokens(wf, wb, vnni, dw, nb, xf, xb, off, dx, has_min, summs, r0, w, lanes, tmp, out)
+    acts = (dx, sx, xf, xb, off)
+    over_row_groups(_batch_rows, _batch_scratch, (qs, qh, d, m, unpack, plain, vnni), acts, n_out, n_chunks, out)
