@@ -166,7 +166,7 @@ class Session:
     def ask(self, question: str, doc_ids, *, whole: bool = False, greedy: bool = False,
             max_tokens: int | None = None, params: SamplingParams | None = None, backend=None, **kwargs):
         """Answer ``question`` about ``doc_ids`` on the backend sized for it (qa/answer.py
-        ``answer``; ``kwargs`` are its sinks, options, conversation and ``save``). ``params``: a
+        ``answer``; ``kwargs`` are its ``listen``, ``options``, ``conversation`` and ``save``). ``params``: a
         request's own sampling (the API's), else the settings' (``greedy``, ``max_tokens``).
         ``backend``: the one ``question_backend`` gave this caller already (a chat keeps one for all
         its turns; the API checks the request against its context first), else it is asked now."""
@@ -176,7 +176,7 @@ class Session:
             kwargs["options"] = replace(kwargs.get("options") or AnswerOptions(), source=DOCUMENT)
         backend = backend if backend is not None else self.question_backend(doc_ids, whole)
         return answer(self.store, backend, question, list(doc_ids), params or self.sampling(greedy, max_tokens),
-                      model_name=self.model_path.name, **kwargs)
+                      **kwargs)
 
     def read(self, doc_id: int, caches, **kwargs):
         """Read ``doc_id`` into its cache ahead of its questions (qa/reading.py ``read_document``)."""

@@ -21,6 +21,7 @@ from app.api.requests import ApiError, ChatRequest, bad
 from app.engine.backend import SamplingParams, stream_text
 from app.qa.answer import AskError
 from app.qa.conversation import Conversation
+from app.qa.stream import Listeners
 from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve
 from app.runtime.model_files import list_models
 from app.session import Session, SessionError
@@ -159,8 +160,8 @@ class ChatService:
             with self._lock:
                 conv = self._conversations.pop(key, None) or Conversation(None, list(req.turns))
             try:
-                result = session.ask(req.question, doc_ids, params=params, backend=backend, on_text=on_text,
-                                     cancel=cancel, save=False, conversation=conv)
+                result = session.ask(req.question, doc_ids, params=params, backend=backend,
+                                     listen=Listeners(on_text=on_text, cancel=cancel), save=False, conversation=conv)
             except (AskError, ValueError) as e:
                 raise bad(str(e), "messages", code="context_length_exceeded" if "context" in str(e) else None) from e
             with self._lock:

@@ -102,6 +102,7 @@ class DocumentWorker:
         results before it are kept)."""
         from app.qa.answer import DOCUMENT, AnswerOptions, AskError, answer
         from app.qa.doc_cache import DocCaches
+        from app.qa.stream import Listeners
         from app.qa.summarize import SummaryError
 
         t0 = time.perf_counter()
@@ -115,8 +116,8 @@ class DocumentWorker:
                 try:
                     if task.kind == ASK:
                         a = answer(store, self.backend, task.question, [job.content.doc_id], params,
-                                   model_name=self.engine_spec.model_name, cancel=cancel, save=False,
-                                   caches=caches, options=AnswerOptions(source=DOCUMENT))
+                                   Listeners(cancel=cancel), save=False, caches=caches,
+                                   options=AnswerOptions(source=DOCUMENT))
                         if a.cancelled:
                             break
                         out.results.append({"kind": task.kind, "question": task.question, "answer": a.answer,

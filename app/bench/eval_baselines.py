@@ -24,7 +24,7 @@ from app.qa.answer import Answer, AskError
 from app.qa.citations import cite
 from app.qa.pages import PAGE_MARKER_TOKENS, ContextPlan, PageText, format_pages, token_counter
 from app.qa.prompt import build_prompt
-from app.qa.stream import AnswerStream
+from app.qa.stream import AnswerStream, Listeners
 from app.store import Store
 from app.store.db import fts_query
 
@@ -108,7 +108,7 @@ def answer_closed(backend: Backend, question: str, params: SamplingParams, model
 
 
 def _answered(backend, tokens, params, question, model_name, plan, doc_ids, t0, citations) -> Answer:
-    stream = AnswerStream(backend, params, None, None, None, t0)
+    stream = AnswerStream(backend, params, Listeners(), t0)
     text = stream.run(tokens)
     return Answer(question, text, citations(text) if text else [], stream.timings(), plan, backend.name, model_name,
                   list(doc_ids), answered_from="passages" if doc_ids else "none")

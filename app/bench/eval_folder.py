@@ -29,6 +29,7 @@ from app.bench.eval_run import (EvalConfig, EvalMode, EvalReport, ReadingLines, 
 from app.bench.eval_score import answer_right, citation_right, pointed_pages
 from app.qa.answer import AskError, answer
 from app.qa.pages import PageText, load_pages
+from app.qa.stream import Listeners
 from app.runtime.model_files import ModelError
 from app.session import Session, SessionError
 from app.settings import Paths
@@ -205,8 +206,7 @@ def ask_trial(session: Session, backend, params, mode: EvalMode, trial: Trial, d
     try:
         page = fact_page(session.store, planted_id, fact)
         result = answer(session.store, backend, fact.question, doc_ids, params,
-                        model_name=session.model_path.name, save=False, progress=ReadingLines(progress),
-                        options=mode.options())
+                        Listeners(progress=ReadingLines(progress)), save=False, options=mode.options())
     except (AskError, ValueError) as e:
         return trial_row(mode, trial, docs, -1, {"error": str(e), "total_s": round(time.perf_counter() - t0, 3)})
     cited, attended = pointed_pages(result, planted_id)

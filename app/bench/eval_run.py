@@ -26,6 +26,7 @@ from app.bench.eval_baselines import answer_closed, answer_topk
 from app.qa.answer import AnswerOptions, AskError, answer
 from app.qa.pages import TEMPLATE_OVERHEAD
 from app.qa.prompt import SYSTEM_PROMPT
+from app.qa.stream import Listeners
 from app.runtime.model_files import ModelError, mem_available
 from app.session import Session, SessionError
 from app.settings import Paths
@@ -351,8 +352,8 @@ def ask_one(session: Session, backend, params, mode: EvalMode, doc: EvalDocument
         elif mode.source == "closed":
             result = answer_closed(backend, q.question, params, model_name)
         else:
-            result = answer(session.store, backend, q.question, [doc_id], params, model_name=model_name,
-                            save=False, progress=ReadingLines(progress), options=mode.options())
+            result = answer(session.store, backend, q.question, [doc_id], params,
+                            Listeners(progress=ReadingLines(progress)), save=False, options=mode.options())
     except (AskError, ValueError) as e:
         r = failed_row(mode, doc, q, str(e))
         r["total_s"] = round(time.perf_counter() - t0, 3)

@@ -79,6 +79,7 @@ def cmd_chat(ctx: Context) -> int:
     """A line-editing prompt: each question a turn of one thread, answers streamed with their pages."""
     from app.qa.answer import AskError
     from app.qa.conversation import Conversation
+    from app.qa.stream import Listeners
     from app.session import SessionError
 
     try:
@@ -92,6 +93,11 @@ def cmd_chat(ctx: Context) -> int:
     err(f"Chatting about {'; '.join(titles[:3])}{f' and {len(titles) - 3} more' if len(titles) > 3 else ''}"
         + (f" (thread {conversation.thread_id}, {len(conversation.turns)} turns so far)" if conversation.thread_id
            else "") + f". {NEW} starts a new conversation, {QUIT[0]} or Ctrl-D ends.")
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
     while True:
         try:
             question = input("\nyou> ").strip()
@@ -110,8 +116,8 @@ def cmd_chat(ctx: Context) -> int:
         print("\neLLM> ", end="", flush=True)
         try:
             result = ctx.session.ask(question, doc_ids, greedy=a.greedy, max_tokens=a.max_tokens, backend=backend,
-                                     on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
-                                     progress=ProgressLine("chat"), conversation=conversation)
+                                     listen=Listeners(on_text=show, progress=ProgressLine("chat")),
+                                     conversation=conversation)
         except (AskError, SessionError, ValueError, KeyboardInterrupt) as e:
             err(f"ellm: {e}" if not isinstance(e, KeyboardInterrupt) else "\n(stopped)")
             forget_if_empty(ctx, conversation)

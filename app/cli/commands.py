@@ -58,6 +58,7 @@ def cmd_docs(ctx: Context) -> int:
 def cmd_ask(ctx: Context) -> int:
     from app.cli.chat_commands import conversation_for, new_thread, show_sources
     from app.qa.answer import AUTO, DOCUMENT, AnswerOptions, AskError
+    from app.qa.stream import Listeners
 
     a = ctx.args
     target, conversation, doc_ids = conversation_for(ctx)
@@ -76,7 +77,8 @@ def cmd_ask(ctx: Context) -> int:
         new_thread(ctx, conversation, doc_ids, a.question, target)
     try:
         result = ctx.session.ask(a.question, doc_ids, whole=a.whole, greedy=a.greedy, max_tokens=a.max_tokens,
-                                 backend=backend, on_text=show, progress=ProgressLine("ask"), options=options,
+                                 backend=backend, listen=Listeners(on_text=show, progress=ProgressLine("ask")),
+                                 options=options,
                                  conversation=conversation if a.thread is not None else None)
     except (AskError, ValueError) as e:
         raise CliError(str(e)) from e

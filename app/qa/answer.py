@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 from app.engine.backend import Backend, SamplingParams
@@ -47,7 +48,7 @@ from app.qa.parts import question_parts
 from app.qa.prompt import BESIDE_LEAD, SYSTEM_PROMPT, Prompt, build_prompt, question_suffix
 from app.qa.retrieval import PASSAGES, best_passages, fitted, passage_pages
 from app.qa.spans import PromptLayout
-from app.qa.stream import AnswerStream, StatsSink, TextSink
+from app.qa.stream import AnswerStream, Listeners, ProgressSink
 from app.runtime.auto import ANSWER_FLOOR, BESIDE_ROOM
 from app.store import Store
 from app.store.threads import answer_thread
@@ -85,12 +86,16 @@ class AnswerOptions:
     parts    a question that asks several things, answered from whole documents in one context
              (not from passages, nor across documents' caches laid side by side), is asked one
              part a turn where the context has room for every turn (qa/parts.py). Off: on the
-             tuning half it answered fewer two-page questions than one turn did (docs/benchmarks.md)."""
+             tuning half it answered fewer two-page questions than one turn did (docs/benchmarks.md).
+    memory_budget  bytes the caches of several documents laid side by side may take (the most
+             relevant documents that fit are read, qa/across.py); None: a share of the memory
+             available."""
 
     source: str = AUTO
     beside: str = BESIDE
     passages: int = PASSAGES
     parts: bool = False
+    memory_budget: int | None = None
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -144,9 +149,6 @@ class Answer:
         return d
 
 
-ProgressSink = Callable[[int, int, str], None]   # (tokens read, of total, what) — 0, 0: no count
-
-
 class ReadingProgress:
     """Reports a document being read into its cache: tokens read of total and the time left,
     from the rate so far."""
@@ -182,27 +184,24 @@ def _titles(titles) -> str:
 
 
 def answer(store: Store, backend: Backend, question: str, doc_ids: list[int], params: SamplingParams,
-           model_name: str = "", on_text: TextSink | None = None, on_stats: StatsSink | None = None,
-           cancel: Callable[[], bool] | None = None, progress: ProgressSink | None = None,
-           save: bool = True, memory_budget: int | None = None, caches: DocCaches | None = None,
-           options: AnswerOptions = AnswerOptions(), conversation: Conversation | None = None) -> Answer:
+           listen: Listeners = Listeners(), *, options: AnswerOptions = AnswerOptions(),
+           conversation: Conversation | None = None, save: bool = True, caches: DocCaches | None = None) -> Answer:
     """Answer ``question`` about ``doc_ids`` in one generation (or a turn a part, qa/parts.py),
     from what ``options`` says; as the next turn of ``conversation`` when given
     (qa/conversation.py: the earlier turns after the documents, the turn added to it and saved
-    to its thread).
-    ``on_text`` receives the answer as it streams, ``on_stats`` the engine's statistics with
-    each piece (tokens/s, bytes read), ``progress(done, total, line)`` a document being read
-    into its cache (tokens read of total, time left); ``cancel`` stops it."""
+    to its thread). ``listen``: who follows it (qa/stream.py Listeners: the streamed text, the
+    engine's statistics, a document being read, cancelling). ``save``: the answer goes to the
+    history, under the backend's model file's name; ``caches``: the documents' prefix caches
+    (qa/doc_cache.py), the store's by default."""
     question = question.strip()
     if not question:
         raise AskError("the question is empty")
     if not doc_ids:
         raise AskError("no documents to ask: ingest some first (`ellm ingest FOLDER`)")
     caches = caches or DocCaches(store, store_cache_dir(store))
-    job = _Job(store, backend, question, params, model_name, on_text, on_stats, cancel, progress, caches, options,
-               save, conversation)
+    job = _Job(store, backend, question, params, listen, caches, options, save, conversation)
     with caches.holding(backend, doc_ids):    # no cache budget deletes what this question reads
-        result = job.run(doc_ids, memory_budget)
+        result = job.run(doc_ids)
     opened = {c["doc"] for c in result.citations} | (set(doc_ids) if len(doc_ids) == 1 else set())
     store.mark_opened(sorted(opened))      # what a person asked about is read ahead first (qa/reading.py)
     return result
@@ -216,11 +215,7 @@ class _Job:
     backend: Backend
     question: str
     params: SamplingParams
-    model_name: str
-    on_text: TextSink | None
-    on_stats: StatsSink | None
-    cancel: Callable[[], bool] | None
-    progress: ProgressSink | None
+    listen: Listeners
     caches: DocCaches
     options: AnswerOptions
     save: bool = True
@@ -229,7 +224,12 @@ class _Job:
     left_out: int = 0         # earlier turns of the conversation this question leaves out (``turns``)
     split: bool = False       # the question was asked in parts, one turn each (``in_turns``)
 
-    def run(self, doc_ids: list[int], memory_budget: int | None) -> Answer:
+    @property
+    def model_name(self) -> str:
+        """The name the answer is recorded under: the model file's."""
+        return Path(self.backend.model_path).name
+
+    def run(self, doc_ids: list[int]) -> Answer:
         options = self.options
         if options.source == FROM_PASSAGES:
             return self.from_passages(doc_ids)
@@ -238,10 +238,10 @@ class _Job:
             if unread:
                 whole = self.read_among_best(doc_ids)
                 if whole:
-                    return self.across(whole, memory_budget, [d for d in doc_ids if d not in whole], unread)
+                    return self.across(whole, [d for d in doc_ids if d not in whole], unread)
                 return self.from_passages(doc_ids, unread)
         if len(doc_ids) > 1 and self.backend.capabilities.composes:
-            return self.across(doc_ids, memory_budget)
+            return self.across(doc_ids)
         return self.in_one_context(doc_ids)
 
     @property
@@ -339,7 +339,7 @@ class _Job:
                            used_tokens=sum(p.tokens for p in pages), budget=budget,
                            total_pages=sum(int(d.get("pages") or 0) for d in docs), passages=True)
         prompt = build_prompt(backend, self.question, format_pages(pages))
-        stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
+        stream = AnswerStream(backend, params, self.listen, self.t_start)
         text = stream.run(prompt.prefix + self.turns(stream, prompt.prefix, prompt.suffix), len(prompt.prefix))
         result = self._finish(text, stream, stream.timings(kv_cache="none"), plan, list(doc_ids),
                               PromptLayout(backend, []), keep=False)
@@ -405,13 +405,13 @@ class _Job:
         beside = self.beside_text(doc_ids, room)
         if beside:
             prompt = build_prompt(backend, self.question, format_pages(plan.pages), beside)
-        stream = AnswerStream(backend, params, self.cancel, self.on_text, self.on_stats, self.t_start)
+        stream = AnswerStream(backend, params, self.listen, self.t_start)
         t_prefix = time.perf_counter()
         single = doc_ids[0] if len(doc_ids) == 1 else None
         title = plan.pages[0].title if plan.pages and len(doc_ids) == 1 else f"{len(doc_ids)} documents"
         continuing = self.conversation is not None and self.conversation.continues(backend, prompt.prefix)
         status = "hit" if continuing else self.caches.prepare(backend, single, prompt.prefix, stream.stop_now,
-                                                              ReadingProgress(self.progress, title))
+                                                              ReadingProgress(self.listen.progress, title))
         prefix_s = time.perf_counter() - t_prefix
         layout = PromptLayout(backend, [(0, len(prompt.prefix), prompt.prefix_text, plan)])
         text = ""
@@ -454,7 +454,7 @@ class _Job:
             texts.append(stream.run(held + ask, len(base), PART_BREAK if any(texts) else ""))
         return PART_BREAK.join(t for t in texts if t)
 
-    def across(self, doc_ids: list[int], memory_budget: int | None, others: list[int] = (),
+    def across(self, doc_ids: list[int], others: list[int] = (),
                unread: list[str] = ()) -> Answer:
         """Several documents' prefix caches side by side, the question read across all of them;
         with ``others`` (documents not read, ``unread`` their titles), their best passages too,
@@ -464,10 +464,10 @@ class _Job:
         if not parts:
             raise AskError("none of the documents has text in the store; see `ellm docs`")
         try:
-            considered, note = across.fit(self.store, backend, self.question, parts, memory_budget)
+            considered, note = across.fit(self.store, backend, self.question, parts, self.options.memory_budget)
         except across.OverBudget as e:
             raise AskError(str(e)) from e
-        stream = AnswerStream(backend, self.params, self.cancel, self.on_text, self.on_stats, self.t_start)
+        stream = AnswerStream(backend, self.params, self.listen, self.t_start)
         first = considered[0].prompt
         composed = first.prefix + [t for p in considered[1:] for t in p.prompt.doc]
         extra = self.passages_of(list(others), PASSAGES_ROOM)
@@ -484,7 +484,7 @@ class _Job:
             if self.caches.registered(backend, p.doc_id, p.prefix) is not None:
                 statuses.append("hit")
                 continue
-            reading = ReadingProgress(self.progress, p.title, i + 1, len(considered))
+            reading = ReadingProgress(self.listen.progress, p.title, i + 1, len(considered))
             reading.start(len(p.prefix))
             status = self.caches.prepare(backend, p.doc_id, p.prefix, stream.stop_now, reading)
             if status is None:

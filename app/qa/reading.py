@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.engine.backend import Backend
-from app.qa.answer import ProgressSink, ReadingProgress
+from app.qa.answer import ReadingProgress
+from app.qa.stream import ProgressSink
 from app.qa.doc_cache import DocCaches, model_fingerprint
 from app.qa.pages import format_pages, load_pages, token_counter
 from app.qa.prompt import build_prompt

@@ -4,23 +4,40 @@ front end, the engine's statistics with each, and the moment the first piece cam
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from app.engine.backend import Backend, GenerationStats, SamplingParams, stream_text
 
 TextSink = Callable[[str], None]
 StatsSink = Callable[[GenerationStats], None]
+ProgressSink = Callable[[int, int, str], None]   # (tokens read, of total, what) — 0, 0: no count
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Who follows a question on its way to an answer, all optional: ``on_text`` receives the
+    answer as it streams, ``on_stats`` the engine's statistics with each piece (tokens/s, bytes
+    read), ``progress(done, total, line)`` a document being read into its cache (tokens read of
+    total, time left); ``cancel()`` returning true stops it."""
+
+    on_text: TextSink | None = None
+    on_stats: StatsSink | None = None
+    progress: ProgressSink | None = None
+    cancel: Callable[[], bool] | None = None
+
+    def cancelled(self) -> bool:
+        return self.cancel is not None and bool(self.cancel())
 
 
 class AnswerStream:
-    """Generates an answer from prompt tokens, streaming its text to ``on_text`` (and the
-    engine's statistics to ``on_stats``), noting when the first piece came (seconds after
-    ``t_start``) and whether ``cancel`` stopped it."""
+    """Generates an answer from prompt tokens, streaming its text to ``listen.on_text`` (and the
+    engine's statistics to ``listen.on_stats``), noting when the first piece came (seconds after
+    ``t_start``) and whether ``listen.cancel`` stopped it."""
 
-    def __init__(self, backend: Backend, params: SamplingParams, cancel, on_text: TextSink | None,
-                 on_stats: StatsSink | None, t_start: float):
-        self.backend, self.params, self.cancel = backend, params, cancel
-        self.on_text, self.on_stats = on_text, on_stats
+    def __init__(self, backend: Backend, params: SamplingParams, listen: Listeners, t_start: float):
+        self.backend, self.params = backend, params
+        self.on_text, self.on_stats, self.listen = listen.on_text, listen.on_stats, listen
         self.t_start = t_start
         self.cancelled = False
         self.first_token_s: float | None = None
@@ -29,7 +46,7 @@ class AnswerStream:
         self.base = 0                        # how many prompt tokens are the documents' part
 
     def stop_now(self) -> bool:
-        if self.cancel is not None and self.cancel():
+        if self.listen.cancelled():
             self.cancelled = True
         return self.cancelled
 
@@ -68,4 +85,4 @@ class AnswerStream:
         return "".join(pieces).strip()
 
 
-__all__ = ["AnswerStream", "StatsSink", "TextSink"]
+__all__ = ["AnswerStream", "Listeners", "ProgressSink", "StatsSink", "TextSink"]

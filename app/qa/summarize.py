@@ -161,14 +161,15 @@ def _single_pass(store, backend, doc_id, title, params, report, stopped, model_n
     the document's prefix cache (from memory or its file, else computed and kept for the
     questions that follow), showing the tokens read while it reads."""
     from app.qa.answer import DOCUMENT, AnswerOptions, AskError, answer
+    from app.qa.stream import Listeners
 
     def reading(done: int, total: int, what: str) -> None:
         report(done, total, what)      # the bar counts the document's tokens while it is read
 
     report(0, 1, "summarizing the whole document")
     try:
-        result = answer(store, backend, WHOLE, [doc_id], params, model_name=model_name, cancel=stopped,
-                        progress=reading, save=False, options=AnswerOptions(source=DOCUMENT, beside="none"))
+        result = answer(store, backend, WHOLE, [doc_id], params, Listeners(progress=reading, cancel=stopped),
+                        save=False, options=AnswerOptions(source=DOCUMENT, beside="none"))
     except AskError as e:
         raise SummaryError(str(e)) from e
     report(1, 1, "done")

@@ -15,6 +15,7 @@ from app.qa.conversation import Conversation
 from app.qa.cache_budget import CacheBudget, format_size
 from app.qa.history import PastAnswer
 from app.qa.reading import MEMORY_ONLY, NOT_READ, READ
+from app.qa.stream import Listeners
 from app.qa.targets import SELECTED, AskTarget, resolve, scope_note
 from app.session import Session, SessionError
 from app.settings import AUTO_BUDGET
@@ -313,9 +314,9 @@ class MainWindow(ConversationsMixin, QMainWindow):
 
         def work(ctl: JobControl):
             with session.engine_lock:
-                return session.ask(question, ids, on_text=ctl.text,
-                                   on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s),
-                                   cancel=ctl.cancelled, progress=ctl.progress, conversation=conv)
+                listen = Listeners(on_text=ctl.text, progress=ctl.progress, cancel=ctl.cancelled,
+                                   on_stats=lambda stats: ctl.stats(stats.decode_tok_s, stats.read_gb_s))
+                return session.ask(question, ids, listen=listen, conversation=conv)
 
         job = Job(work)
         job.signals.sig_text.connect(self._streamed)

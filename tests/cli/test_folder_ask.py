@@ -9,7 +9,7 @@ from app.runtime import engines
 from app.runtime.auto import AUTO_KV
 from app.settings import Paths
 from app.qa.across import ROOM
-from app.qa.answer import PASSAGES_ROOM, answer
+from app.qa.answer import PASSAGES_ROOM, AnswerOptions, answer
 from app.session import Session
 from tests.docs.make_samples import make_pdf
 
@@ -76,7 +76,8 @@ def test_over_the_memory_budget_the_most_relevant_documents_are_considered(folde
     ids = _ids(s, folder)
     per_token = s.backend().kv_bytes_per_token()
     a = answer(s.store, s.backend(), "What is the secret password of the harbour master?", ids,
-                 s.sampling(greedy=True, max_tokens=4), memory_budget=400 * per_token)   # one document (~320 tokens) fits
+                 s.sampling(greedy=True, max_tokens=4),
+                 options=AnswerOptions(memory_budget=400 * per_token))   # one document (~320 tokens) fits
     d = a.as_dict()
     holder = s.store.find_documents("minutes1.pdf")[0]["id"]
     assert [c["doc"] for c in d["considered"]] == [holder]

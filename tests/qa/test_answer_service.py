@@ -8,6 +8,7 @@ import pytest
 from app.engine.backend import SamplingParams
 from app.qa.answer import AnswerOptions, AskError, answer
 from app.qa.prompt import BESIDE_LEAD, build_prompt
+from app.qa.stream import Listeners
 from app.store import Store
 from tests.qa.fake_backend import FakeBackend
 
@@ -35,8 +36,7 @@ def test_a_document_that_fits_is_read_whole_with_its_page_markers(store, model_f
     doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
     backend = FakeBackend(model_file, answer="Three green lamps [p. 3].")
     streamed = []
-    a = answer(store, backend, "  What was the secret signal?  ", [doc], PARAMS, model_name="fake.gguf",
-               on_text=streamed.append)
+    a = answer(store, backend, "  What was the secret signal?  ", [doc], PARAMS, Listeners(on_text=streamed.append))
     prompt = backend.detokenize(backend.prompts[0])
     assert [f"[Page {n}]" in prompt for n in range(1, 5)] == [True] * 4
     assert prompt.rstrip().endswith("Question: What was the secret signal? </user>\n<assistant>")
@@ -47,7 +47,7 @@ def test_a_document_that_fits_is_read_whole_with_its_page_markers(store, model_f
     assert set(a.as_dict()) == {"answer", "citations", "timings", "engine", "model", "documents", "context",
                                 "cancelled", "answer_id", "attended", "answered_from", "note", "thread",
                                 "turns_left_out"}
-    assert a.answered_from == "document"
+    assert a.answered_from == "document" and a.model == "fake.gguf"    # the backend's model file, recorded
 
 
 def test_a_document_over_the_context_is_answered_from_its_most_relevant_pages_and_says_so(store, model_file):
@@ -102,7 +102,7 @@ def test_several_documents_on_a_composing_backend_are_read_side_by_side(store, m
     backend = FakeBackend(model_file, answer="Twelve million euros [p. 2].", composes=True)
     progress = []
     a = answer(store, backend, "What is the budget?", [log, minutes], PARAMS,
-               progress=lambda *report: progress.append(report))
+               Listeners(progress=lambda *report: progress.append(report)))
     prompt = backend.detokenize(backend.prompts[-1])
     assert prompt.count("=== Document:") == 2 and prompt.count("You are eLLM") == 1   # one header, two documents
     assert prompt.index("Harbour Log") < prompt.index("Council Minutes") < prompt.index("Question:")
@@ -120,7 +120,7 @@ def test_several_documents_on_a_composing_backend_are_read_side_by_side(store, m
     # Asked again, both documents' caches come from their files: nothing is read.
     progress.clear()
     again = answer(store, backend, "Who met on Tuesday?", [log, minutes], PARAMS,
-                   progress=lambda *report: progress.append(report))
+                   Listeners(progress=lambda *report: progress.append(report)))
     assert progress == [] and again.timings["kv_cache"] == "hit"
 
 
@@ -129,12 +129,14 @@ def test_over_the_memory_budget_only_the_most_relevant_documents_are_laid_side_b
     minutes = add_document(store, "/docs/minutes.txt", "Council Minutes",
                            ["The council met on Tuesday.", "The budget is twelve million euros."])
     backend = FakeBackend(model_file, composes=True, kv_bytes=1000)
-    a = answer(store, backend, "What is the council budget?", [log, minutes], PARAMS, memory_budget=100_000)
+    a = answer(store, backend, "What is the council budget?", [log, minutes], PARAMS,
+               options=AnswerOptions(memory_budget=100_000))
     assert [c["doc"] for c in a.considered] == [minutes] and a.doc_ids == [minutes]
     assert "most relevant" in a.note and "Council Minutes" in a.note and a.note in a.notes
     assert "Harbour Log" not in backend.detokenize(backend.prompts[-1])
     with pytest.raises(AskError, match="choose a smaller KV setting"):
-        answer(store, backend, "What is the council budget?", [log, minutes], PARAMS, memory_budget=10)
+        answer(store, backend, "What is the council budget?", [log, minutes], PARAMS,
+               options=AnswerOptions(memory_budget=10))
 
 
 def test_attended_blocks_are_mapped_to_the_page_and_passage_they_hold(store, model_file):

@@ -9,6 +9,7 @@ from app.qa.answer import PART_BREAK, AnswerOptions, answer
 from app.qa.conversation import Conversation, next_turn
 from app.qa.parts import question_parts
 from app.qa.prompt import question_suffix
+from app.qa.stream import Listeners
 from app.store.threads import create_thread, thread_turns
 from tests.qa.fake_backend import FakeBackend
 from tests.qa.test_answer_service import PAGES, add_document
@@ -70,7 +71,7 @@ def test_the_parts_are_asked_as_turns_each_continuing_the_last(store, model_file
     doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
     backend = Scripted(model_file, composes=True, focus=True)
     streamed = []
-    a = answer(store, backend, TWO, [doc], PARAMS, on_text=streamed.append, options=PARTS)
+    a = answer(store, backend, TWO, [doc], PARAMS, Listeners(on_text=streamed.append), options=PARTS)
     first, second = question_parts(TWO)
     p1, p2 = backend.prompts
     ids = backend.tokenize(SIGNAL)
@@ -152,6 +153,6 @@ def test_where_the_later_parts_would_not_fit_the_question_is_asked_in_one_turn(s
 def test_no_break_is_streamed_before_an_answer_that_says_nothing(store, model_file):
     doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
     streamed = []
-    a = answer(store, Scripted(model_file, answers=("", SEASON)), TWO, [doc], PARAMS, on_text=streamed.append,
-               options=PARTS)
+    a = answer(store, Scripted(model_file, answers=("", SEASON)), TWO, [doc], PARAMS,
+               Listeners(on_text=streamed.append), options=PARTS)
     assert a.answer == SEASON == "".join(streamed).strip() and PART_BREAK not in "".join(streamed)

@@ -78,7 +78,7 @@ def test_ingesting_while_answering(session, tmp_path, stores):
     def answering():
         try:
             for q in QUESTIONS * 2:
-                answer(session.store, backend, q, [doc_id], session.sampling(), model_name="default")
+                answer(session.store, backend, q, [doc_id], session.sampling())
                 answered_at.append(time.monotonic())
                 first_answer.set()
         except BaseException as e:

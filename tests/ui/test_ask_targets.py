@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from app.qa.answer import Answer
 from app.qa.targets import EVERYTHING, FOLDER, SELECTED, resolve, short_path
 from app.qa.pages import ContextPlan
+from app.qa.stream import Listeners
 from tests.docs.make_samples import make_text
 from tests.ui.helpers import ask_and_wait, doc_id, ingest, row_of
 
@@ -27,9 +28,10 @@ def services(monkeypatch, session):
     fakes = SimpleNamespace(calls=[], cite=[])
     calls = fakes.calls
 
-    def fake_answer(store, backend, question, doc_ids, params, model_name="", on_text=None, on_stats=None,
-                    cancel=None, progress=None, save=True, memory_budget=None, caches=None, conversation=None):
+    def fake_answer(store, backend, question, doc_ids, params, listen=Listeners(), *, options=None, conversation=None,
+                    save=True, caches=None):
         calls.append(("answer", list(doc_ids)))
+        on_text, progress, model_name = listen.on_text, listen.progress, "fake.gguf"
         thread = conversation.thread_id if conversation is not None else None
         if len(doc_ids) == 1:
             on_text("One document.")
