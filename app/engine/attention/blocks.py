@@ -331,7 +331,7 @@ def _prefill(q, a, cache: BlockKVCache, pos0, n, sel: Selection, cos, sin, neox,
     return out
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True)   # not fastmath: see _gather_packed
 def _gather(kv, n, h, blocks, place, cos, sin, neox, k_out, v_out, t_out):
     """Decode the selected blocks of KV head h of the layer ``kv`` (LayerKV): keys rotated to their
     placed positions (R(place) applied to the block-frame key gives R(place + j) k), values as they are.
@@ -355,10 +355,15 @@ def _gather(kv, n, h, blocks, place, cos, sin, neox, k_out, v_out, t_out):
     return _rows(blocks, block, n)
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _gather_packed(kv, n, h, blocks, place, cos, sin, neox, k_hi, k_lo, v_hi, v_lo, t_out):
     """_gather's keys and values written straight into products_amx's packed bfloat16 pairs
     (no float32 copy of the head's cache between); the padding after the last key zeroed.
+    Neither gather is fastmath: a parallel kernel loaded from numba's cache is optimized again
+    when it is linked, so under fastmath the rotation's products fused into FMAs differently in
+    a process that compiled it than in one that loaded it, and the same prompt read to other
+    bits after a restart (docs/engine.md, "Kernels loaded from the cache"). Without reductions
+    nothing is lost: the loops vectorise as they are.
 
     k_hi, k_lo, v_hi, v_lo  # (>= packed_size(NS*B, HD),) uint16;  t_out  # (>= NS*B,) int64
     Returns the number of keys written.
