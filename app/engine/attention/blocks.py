@@ -151,7 +151,7 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
     return out
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True)   # not fastmath: see _gather_packed
 def _decode_kernel(q, kv, n, n_limit, as_stored, blocks, place, qpos, cos, sin, neox, scale, n_split, out, bmax,
                    bsum, mass, credit0, credit1):
     """One query token over the selected blocks. Each block is decoded to float32 once and
@@ -359,11 +359,13 @@ def _gather(kv, n, h, blocks, place, cos, sin, neox, k_out, v_out, t_out):
 def _gather_packed(kv, n, h, blocks, place, cos, sin, neox, k_hi, k_lo, v_hi, v_lo, t_out):
     """_gather's keys and values written straight into products_amx's packed bfloat16 pairs
     (no float32 copy of the head's cache between); the padding after the last key zeroed.
-    Neither gather is fastmath: a parallel kernel loaded from numba's cache is optimized again
-    when it is linked, so under fastmath the rotation's products fused into FMAs differently in
-    a process that compiled it than in one that loaded it, and the same prompt read to other
-    bits after a restart (docs/engine.md, "Kernels loaded from the cache"). Without reductions
-    nothing is lost: the loops vectorise as they are.
+    Neither gather, nor the decode kernel, is fastmath: a parallel kernel loaded from numba's
+    cache is optimized again when it is linked, so under fastmath the rotation's products fused
+    into FMAs differently in a process that compiled it than in one that loaded it, and the same
+    prompt read (and answered) to other bits after a restart (docs/engine.md, "Kernels loaded
+    from the cache"). Nothing measurable is lost: the gathers have no reductions, and the
+    decode kernel's products and exponentials are block_products' explicit lanes (head sizes
+    that are multiples of 32, every model measured here).
 
     k_hi, k_lo, v_hi, v_lo  # (>= packed_size(NS*B, HD),) uint16;  t_out  # (>= NS*B,) int64
     Returns the number of keys written.
