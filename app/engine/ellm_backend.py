@@ -108,7 +108,7 @@ class EllmBackend:
         focus, self._focus = self._focus, np.zeros(0, np.int64)     # told for this answer only
         question_at, self._question_at = self._question_at, 0
         if self._copies and self.cache.common_prefix(prompt) < (max(self._copies) + 1) * self.kv_spec.block:
-            self._copies, self._view = {}, None                      # this prompt does not keep them
+            self._drop_copies()                                      # this prompt does not keep them
         view, self._view = self._view, None
         if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
@@ -236,7 +236,7 @@ class EllmBackend:
         tokens = [int(t) for t in tokens]
         _apply_threads(self._thread_plan)
         cache = self.cache
-        self._copies, self._view = {}, None
+        self._drop_copies()
         if self.blocked:
             self.state.start_question(None)      # a document prefix has no question to observe
         if cache.n_tokens >= len(tokens) and cache.common_prefix(tokens) == len(tokens):
@@ -319,7 +319,7 @@ class EllmBackend:
             raise ValueError("only the blocked KV cache lays several documents side by side")
         cache = self.cache
         cache.clear()
-        self._copies, self._view = {}, None
+        self._drop_copies()
         sizes = [_checked(f, lambda f: kv_files.read_header(f.path)["n_tokens"]) for f in files]
         self.reserve(sum(sizes) - skip * (len(files) - 1) + room)
         offsets = []
@@ -368,6 +368,10 @@ class EllmBackend:
         self._view = None if head is None else (-(-head // b), n_full)
         return list(cache.tokens[n_full * b:])
 
+    def _drop_copies(self) -> None:
+        """The cache no longer holds the blocks ``beside`` laid after the prefix, nor the view of them."""
+        self._copies, self._view = {}, None
+
     def reserve(self, n_ctx: int) -> None:
         """Hold at least ``n_ctx`` tokens (a question over many documents' caches). Past the
         trained context attention may read otherwise (SparseConfig.for_context): then what the
@@ -413,7 +417,7 @@ class EllmBackend:
     def reset(self) -> None:
         """Forget the cached prompt (the next generate prefills everything)."""
         self.cache.clear()
-        self._copies, self._view = {}, None
+        self._drop_copies()
 
     def close(self) -> None:
         self.cache = None

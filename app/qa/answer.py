@@ -58,6 +58,7 @@ SOURCES = (AUTO, DOCUMENT, FROM_PASSAGES)
 READ_AT_ONCE = 2048   # a document prefix this short is read for its first question: about the passages' cost
 BESIDE = "blocks"     # how a read document's answer sees the best passages again (AnswerOptions.beside)
 BESIDE_MODES = ("blocks", "text", "none", "alone")
+COPYING = ("blocks", "alone")   # the beside modes that copy the passages' cached blocks (Backend.beside)
 BESIDE_SPARE = 16     # tokens the passages beside leave free (their lead, tokens merging at the seams)
 PART_BREAK = "\n\n"   # between the answers to the parts of a question that asks several things
 PASSAGES_ROOM = 2048  # tokens for the passages of documents not read, beside whole read ones (six of ~200)
@@ -356,12 +357,12 @@ class _Job:
         """AnswerOptions.beside as this backend can do it: "blocks" needs a blocked cache, else
         the passages go beside the question as text."""
         mode = self.options.beside
-        return "text" if mode in ("blocks", "alone") and not self.backend.capabilities.beside else mode
+        return "text" if mode in COPYING and not self.backend.capabilities.beside else mode
 
     def beside_blocks(self, layout: PromptLayout, room: int, head: int) -> list[int]:
         """With "blocks": copies of the cached blocks that hold the best passages, laid after the
         document prefix the backend holds now; the tokens they spell (empty otherwise)."""
-        if self.beside_mode not in ("blocks", "alone") or room <= 0:
+        if self.beside_mode not in COPYING or room <= 0:
             return []
         return self.backend.beside(focus_ranges(self.store, self.query, layout, self.options.passages), room,
                                    head if self.beside_mode == "alone" else None)

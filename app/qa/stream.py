@@ -37,7 +37,7 @@ class AnswerStream:
 
     def __init__(self, backend: Backend, params: SamplingParams, listen: Listeners, t_start: float):
         self.backend, self.params = backend, params
-        self.on_text, self.on_stats, self.listen = listen.on_text, listen.on_stats, listen
+        self.listen = listen
         self.t_start = t_start
         self.cancelled = False
         self.first_token_s: float | None = None
@@ -75,13 +75,13 @@ class AnswerStream:
         for piece in stream_text(self.backend, ids(), self.params.stop):
             if self.first_token_s is None:
                 self.first_token_s = time.perf_counter() - self.t_start
-            if lead and not pieces and self.on_text:
-                self.on_text(lead)
+            if lead and not pieces and self.listen.on_text:
+                self.listen.on_text(lead)
             pieces.append(piece)
-            if self.on_text:
-                self.on_text(piece)
-            if self.on_stats:
-                self.on_stats(self.backend.stats)
+            if self.listen.on_text:
+                self.listen.on_text(piece)
+            if self.listen.on_stats:
+                self.listen.on_stats(self.backend.stats)
         return "".join(pieces).strip()
 
 
