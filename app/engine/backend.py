@@ -215,7 +215,8 @@ class Backend(Protocol):
     def beside(self, ranges: Sequence[tuple[int, int]], room: int, head: int | None = None) -> list[int]:
         """After the prefix the cache holds, copies of the cached tokens of ``ranges`` (passages a
         relevance ranking found), in document order, as many as fit ``room`` tokens: the
-        passages again next to the question, without computing them again. Returns the tokens
+        passages again next to the question, without computing them again, read by every token
+        of the answer whatever its attention chooses elsewhere. Returns the tokens
         the copies spell: the next prompt continues the prefix with them. With ``head``, the next
         generation reads only the first ``head`` tokens (the prompt's header), the copies and
         what follows them: the passages alone, as the document's reading left them. Only where

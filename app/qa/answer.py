@@ -77,7 +77,8 @@ class AnswerOptions:
              not (``ellm ask --whole``, summaries, batches); "passages": the passages only.
     beside   how an answer from whole documents sees those passages again, just before the
              question: "blocks", copies of their cached blocks (no prefill: engine/kv/blocked.py
-             ``copy_blocks``; as "text" where the backend has no blocks); "text", their text
+             ``copy_blocks``), every one of them read by every token of the answer (as "text"
+             where the backend has no blocks); "text", their text
              after the documents; "none"; "alone", the same copies, the answer reading only them
              and the prompt's header (the view of engine/attention/select.py): the passages as the
              whole document's reading left them, nothing else of it. On the tuning half it

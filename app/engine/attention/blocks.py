@@ -50,7 +50,7 @@ def attend_blocks(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int, sta
             and _prefill_gives_masses(q, cache, n)):
         # The question reads every block at its true position anyway: the block masses it votes
         # with come from the scores of its own attention, not from a second pass over the keys.
-        span = vote_blocks(cache, cfg, layer, pos0 + first, n)
+        span = vote_blocks(cache, cfg, layer, pos0 + first, n, state.read_from)
         if span is None:
             return _attend(q, cache, layer, pos0, state, rope, neox, n)
         n_sink, end = span

@@ -68,8 +68,9 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
               # scores, attention/votes.py) instead of the key bounds; first_local: where the
               # always-attended local blocks start instead of the window's first block.
     A decoding query (T = 1) of a layer with votes (attention/votes.py) ranks by the votes, and
-    every block after the voted ones (the question, the answer so far) is local. A single query
-    also reads the candidates in ``state.focus``, each head its own top K besides them.
+    every block after the voted ones (the question, the answer so far) is local, as is every
+    block from ``state.read_from`` on. A single query also reads the candidates in
+    ``state.focus``, each head its own top K besides them.
     """
     cfg = state.config
     n_tok = q.shape[0]
@@ -85,6 +86,8 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
                                                         or (n_tok > 1 and cfg.dense_prompt)))
     if first_local is None:
         first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
+        if n_tok == 1 and state.read_from is not None:   # blocks laid beside the question: read whole
+            first_local = min(first_local, state.read_from)
     voted = state.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
     if voted is not None and voted.shape[1] <= first_local:
         first_local, scores = voted.shape[1], voted

@@ -15,6 +15,9 @@ this holds how the current question reads them.
               the first ``head`` blocks (the prompt's header, at least the sinks) and the blocks
               from ``first`` on only (copies of the passages a relevance ranking found laid
               after the document, then the question), laid out from position 0 as a short prompt
+  read_from   None, or the block from which every single query of the question and its answer
+              reads everything (copies of the passages laid beside the question, the question,
+              the answer so far): the votes rank only the blocks before it
   focus_read  how many of them the last single query read (select() decides: those among its
               candidates, fewer beyond the trained context), counted in the bytes read per token
   selection   layer -> (step, Selection): a decode step's blocks, kept for ``config.reselect`` steps
@@ -43,6 +46,7 @@ class AttentionState:
         self.focus = np.zeros(0, np.int64)            # (F,) int64
         self.focus_read = 0                           # focus blocks the last decode step read on top of K
         self.view: tuple[int, int] | None = None
+        self.read_from: int | None = None
         self.selection: dict[int, tuple] = {}
         self.block_mass = np.zeros(0, np.float64)     # (NB,) float64
         self._generation: int | None = None
@@ -59,12 +63,15 @@ class AttentionState:
             mass[:self.block_mass.shape[0]] = self.block_mass
             self.block_mass = mass
 
-    def start_question(self, observe: tuple[int, int] | None, focus=(), view: tuple[int, int] | None = None) -> None:
+    def start_question(self, observe: tuple[int, int] | None, focus=(), view: tuple[int, int] | None = None,
+                       read_from: int | None = None) -> None:
         """A new prompt: no votes yet; ``observe`` = the positions that will cast them,
         ``focus`` = blocks its decoding reads whatever the votes say, ``view`` = the only blocks
-        it reads, (head, first) as above (None: all of them)."""
+        it reads, (head, first) as above (None: all of them), ``read_from`` = the block from
+        which it reads everything (None: the window's)."""
         self.observe = observe
         self.view = view
+        self.read_from = read_from
         self.focus = np.array(list(dict.fromkeys(int(b) for b in focus)), np.int64)   # (F,) in order
         self.focus_read = 0
         self.selection.clear()

@@ -63,14 +63,18 @@ def candidate_end(cache: BlockKVCache, cfg: SparseConfig, n: int, pos0: int) -> 
     return max(0, min((n - cfg.window) // cache.block, pos0 // cache.block))
 
 
-def vote_blocks(cache: BlockKVCache, cfg: SparseConfig, layer: int, pos0: int, n: int) -> tuple[int, int] | None:
+def vote_blocks(cache: BlockKVCache, cfg: SparseConfig, layer: int, pos0: int, n: int,
+                read_from: int | None = None) -> tuple[int, int] | None:
     """The candidate blocks [n_sink, end) the observed queries from pos0 on vote for (the cache
     holding ``n`` tokens), or None when there is nothing to rank: a dense layer inside the
-    trained context, or no more candidates than an answer token reads anyway."""
+    trained context, or no more candidates than an answer token reads anyway. Blocks from
+    ``read_from`` on (AttentionState.read_from) are read whatever the votes say: never candidates."""
     n_train = cache.config.context_length or n
     if layer < cfg.dense_layers and n <= n_train:
         return None
     end = candidate_end(cache, cfg, n, pos0)
+    if read_from is not None:
+        end = min(end, read_from)
     n_sink = min(-(-cfg.sinks // cache.block), end)
     if end - n_sink <= cfg.k_for(1):    # each observed query chooses as an answer token does
         return None
@@ -100,7 +104,7 @@ def observed_attention(q: np.ndarray, cache: BlockKVCache, layer: int, pos0: int
     kvh = cache.config.n_kv_heads
     group = n_heads // kvh
     compressed = n > (cache.config.context_length or n)
-    span = vote_blocks(cache, cfg, layer, pos0, n)
+    span = vote_blocks(cache, cfg, layer, pos0, n, state.read_from)
     if span is None:
         return None
     n_sink, end = span

@@ -814,3 +814,57 @@ def test_a_view_reads_the_head_and_the_copies_and_nothing_else(model, mode):
     assert sel.qpos[0] == 4 * B + (12 * B + 4) % B               # the last question token, in the last block
     assert np.array_equal(logits(other, view=True)[0], got)
     assert not np.allclose(logits(other, view=False)[0], logits(doc, view=False)[0])
+
+
+@pytest.mark.parametrize("context_length", [2048, 640])     # inside the trained context, and beyond it
+def test_the_answer_reads_every_block_laid_beside_the_question(tiny_model, context_length):
+    """Copies of passages laid beside the question (Backend.beside) are read by every token of
+    the answer, whatever the votes: the votes rank the document's blocks only; without copies the
+    votes reach the window again."""
+    from app.engine.backend import SamplingParams
+    from app.engine.ellm_backend import EllmBackend
+
+    b = EllmBackend(tiny_model("llama", context_length=context_length), n_ctx=1024, kv="k8v4", documents=True,
+                    attention=SparseConfig(mode="sparse-decode", sinks=64, window=64, top_k=1, observe=8))
+    block = b.kv_spec.block
+    doc = np.random.default_rng(9).integers(3, 2000, 12 * block).tolist()
+    question = [11, 12, 13, 14, 15]
+    b.ensure_prefix(doc)
+    copied = b.beside([(2 * block, 3 * block), (6 * block + 3, 7 * block)], room=2 * block)
+    assert len(copied) == 2 * block
+    answer = list(b.generate(doc + copied + question, SamplingParams.make_greedy(3)))
+    assert b.state.read_from == 12
+    assert all(v.shape[1] <= 12 for v in b.state.votes.values())    # the copies take no votes
+    n_blocks = -(-(len(doc) + len(copied) + len(question)) // block)
+    assert b.stats.kv_read_bytes_per_token == (1 + 1 + n_blocks - 12) * block * b.kv_bytes_per_token()  # sink, K, the rest
+    q = np.zeros((1, b.model.config.n_heads, b.model.config.head_dim), np.float32)
+    for layer in range(b.model.config.n_layers):
+        sel = select(b.cache, layer, q, b.cache.n_tokens - 1, b.state, *b.model.rope.rows(0, b.cache.n_tokens + 1),
+                     b.model.neox)
+        assert sel.ranked and all({12, 13} <= set(heads.tolist()) for heads in sel.blocks)
+    turn = doc + copied + question + answer + [21, 22, 23]       # a conversation's next turn keeps the
+    b.question_at(len(turn) - 3)                                   # copies but is not told to read them
+    list(b.generate(turn, SamplingParams.make_greedy(2)))
+    assert b.stats.reused_prompt_tokens >= len(doc) + len(copied) and b.state.read_from is None
+    list(b.generate(doc + question, SamplingParams.make_greedy(3)))    # no copies: the window's blocks only
+    assert b.state.read_from is None
+    assert max(v.shape[1] for v in b.state.votes.values()) > 12 - 2
+
+
+def test_copies_beside_the_question_are_read_whole_where_nothing_votes(tiny_model):
+    """A document too short for votes (no more candidates than K): the answer ranks the blocks
+    by their key bounds, and the copies beside the question are still read, not ranked."""
+    from app.engine.backend import SamplingParams
+    from app.engine.ellm_backend import EllmBackend
+
+    b = EllmBackend(tiny_model("llama", context_length=2048), n_ctx=1024, kv="k8v4", documents=True,
+                    attention=SparseConfig(mode="sparse-decode", sinks=64, window=64, top_k=2, observe=8))
+    block = b.kv_spec.block
+    doc = np.random.default_rng(4).integers(3, 2000, 3 * block).tolist()
+    b.ensure_prefix(doc)
+    copied = b.beside([(block, 3 * block)], room=2 * block)
+    list(b.generate(doc + copied + [11, 12, 13, 14, 15], SamplingParams.make_greedy(3)))
+    assert not b.state.votes and b.state.read_from == 3
+    q = np.random.default_rng(1).standard_normal((1, b.model.config.n_heads, b.model.config.head_dim)).astype(np.float32)
+    sel = select(b.cache, 0, q, b.cache.n_tokens - 1, b.state, *b.model.rope.rows(0, b.cache.n_tokens + 1), b.model.neox)
+    assert not sel.ranked and all({3, 4} <= set(heads.tolist()) for heads in sel.blocks)
