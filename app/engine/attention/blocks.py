@@ -128,7 +128,7 @@ def _selection(cache, layer, q, pos0, state: AttentionState, cos, sin, neox) -> 
         ns = old.blocks.shape[1]
         qpos = (ns - 1) * cache.block + pos0 % cache.block if old.compressed else pos0
         return Selection(old.blocks, old.place, np.array([qpos], np.int64), old.compressed, old.retrieved,
-                         old.ranked)
+                         old.ranked, old.credited)
     sel = select(cache, layer, q, pos0, state, cos, sin, neox)
     state.selection[layer] = (pos0, sel)
     return sel
@@ -147,7 +147,7 @@ def _decode(q, a, cache: BlockKVCache, state: AttentionState, n, n_limit, sel: S
     bmax = np.empty((n_heads, ns), np.float32)                 # (H, NS) block score max
     bsum = np.empty((n_heads, ns), np.float32)                 # (H, NS) block exp-sum
     _decode_kernel(q[0], a, n, n_limit, F16_AS_STORED, sel.blocks, sel.place, int(sel.qpos[0]), cos, sin, neox,
-                   scale, n_split, out[0], bmax, bsum, state.block_mass, sel.retrieved[0], sel.retrieved[1])
+                   scale, n_split, out[0], bmax, bsum, state.block_mass, sel.credit[0], sel.credit[1])
     return out
 
 

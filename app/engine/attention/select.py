@@ -53,6 +53,13 @@ class Selection:
     compressed: bool
     retrieved: tuple[int, int] = (0, 0)   # columns of ``blocks`` chosen by ranking (not sinks/window)
     ranked: bool = False                  # some blocks were left out
+    credited: tuple[int, int] | None = None   # columns whose attention mass an answer credits
+                                              # (state.block_mass): ``retrieved``, or from it to the end
+                                              # where everything from state.read_from on is read
+
+    @property
+    def credit(self) -> tuple[int, int]:
+        return self.retrieved if self.credited is None else self.credited
 
 
 # ---- Selection ------------------------------------------------------------------------------
@@ -84,9 +91,10 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     compressed = cfg.sparse and n > n_train
     dense = cfg.mode == "dense" or (not compressed and (layer < cfg.dense_layers
                                                         or (n_tok > 1 and cfg.dense_prompt)))
+    read_whole = first_local is None and n_tok == 1 and state.read_from is not None
     if first_local is None:
         first_local = max(0, (pos0 - cfg.window) // B) if n_tok > 1 else max(0, (n - cfg.window) // B)
-        if n_tok == 1 and state.read_from is not None:   # blocks laid beside the question: read whole
+        if read_whole:    # blocks laid beside the question: read whole
             first_local = min(first_local, state.read_from)
     voted = state.votes.get(layer) if n_tok == 1 and scores is None and not dense else None
     if voted is not None and voted.shape[1] <= first_local:
@@ -136,7 +144,10 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     if late.shape[0]:
         late[focus] = True
     _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, late, B, pos0, blocks, place, qpos)
-    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked)
+    # The copies beside the question are passages of the document: their mass counts for the
+    # answer's citations (the question's and the answer's own blocks are left out by the caller).
+    credited = (n_sink, ns) if read_whole else None
+    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked, credited)
 
 
 def view_head(view: tuple[int, int], cfg: SparseConfig, B: int) -> int:
