@@ -178,7 +178,7 @@ class EllmBackend:
         extra = self.state.focus_read if sparse is not None else 0
         if sparse is not None and self.state.read_from is not None:   # the copies beside, past the window
             b = self.kv_spec.block
-            extra += max(0, -(-n_tokens // b) - self.state.read_from - (-(-sparse.window // b) + 1))
+            extra += max(0, -(-n_tokens // b) - self.state.read_from - sparse.window_blocks(b))
         if extra:                                                 # the focus comes on top of K
             sparse = replace(sparse, answer_k=sparse.k_for(1) + extra)
         stats.kv_read_bytes_per_token = kv_read_bytes_per_token(self._shape, self.kv_spec.name,
@@ -354,10 +354,9 @@ class EllmBackend:
         of blocks: prefixes are padded to them), in document order, as many as ``room`` tokens
         hold, best range first; checkpointed after them, so the question's observed tokens start
         there. Every token of the answer to the question that follows reads all of them
-        (``_read_from``); their attention mass
-        counts for the blocks they copy (``attended_blocks``). With
-        ``head``, the next answer reads the blocks of the first ``head`` tokens, the copies and
-        its own only (AttentionState.view)."""
+        (``_read_from``); their attention mass counts for the blocks they copy
+        (``attended_blocks``). With ``head``, the next answer reads the blocks of the first
+        ``head`` tokens, the copies and its own only (AttentionState.view)."""
         if not self.capabilities.beside:
             return []
         cache, b = self.cache, self.kv_spec.block

@@ -94,9 +94,13 @@ class SparseConfig:
         """The tunable options (every field but the mode), as reports list them."""
         return {name: self.k if name == "top_k" else getattr(self, name) for name in SPARSE_OPTIONS}
 
+    def window_blocks(self, block: int) -> int:
+        """Blocks the local window spans at most (it need not start on a block boundary)."""
+        return -(-self.window // block) + 1
+
     def budget_tokens(self, block: int) -> int:
         """Tokens a decode step attends at most (whole blocks)."""
-        return (-(-self.sinks // block) + self.k_for(1) + -(-self.window // block) + 1) * block
+        return (-(-self.sinks // block) + self.k_for(1) + self.window_blocks(block)) * block
 
 
 # what --sinks ... set (answer_k follows from the mode: for_context)

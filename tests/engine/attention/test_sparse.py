@@ -816,16 +816,23 @@ def test_a_view_reads_the_head_and_the_copies_and_nothing_else(model, mode):
     assert not np.allclose(logits(other, view=False)[0], logits(doc, view=False)[0])
 
 
+def _backend_with_copies(tiny_model, context_length, top_k):
+    """A sparse-decode backend small enough that the copies beside a question lie outside its
+    sinks and window, with K = ``top_k`` blocks for the votes to rank."""
+    from app.engine.ellm_backend import EllmBackend
+
+    return EllmBackend(tiny_model("llama", context_length=context_length), n_ctx=1024, kv="k8v4", documents=True,
+                       attention=SparseConfig(mode="sparse-decode", sinks=64, window=64, top_k=top_k, observe=8))
+
+
 @pytest.mark.parametrize("context_length", [2048, 640])     # inside the trained context, and beyond it
 def test_the_answer_reads_every_block_laid_beside_the_question(tiny_model, context_length):
     """Copies of passages laid beside the question (Backend.beside) are read by every token of
     the answer, whatever the votes: the votes rank the document's blocks only; without copies the
     votes reach the window again."""
     from app.engine.backend import SamplingParams
-    from app.engine.ellm_backend import EllmBackend
 
-    b = EllmBackend(tiny_model("llama", context_length=context_length), n_ctx=1024, kv="k8v4", documents=True,
-                    attention=SparseConfig(mode="sparse-decode", sinks=64, window=64, top_k=1, observe=8))
+    b = _backend_with_copies(tiny_model, context_length, top_k=1)
     block = b.kv_spec.block
     doc = np.random.default_rng(9).integers(3, 2000, 12 * block).tolist()
     question = [11, 12, 13, 14, 15]
@@ -835,6 +842,9 @@ def test_the_answer_reads_every_block_laid_beside_the_question(tiny_model, conte
     answer = list(b.generate(doc + copied + question, SamplingParams.make_greedy(3)))
     assert b.state.read_from == 12
     assert all(v.shape[1] <= 12 for v in b.state.votes.values())    # the copies take no votes
+    assert b.state.block_mass[12] > 0 and b.state.block_mass[13] > 0    # read whole, yet credited
+    copied_mass = {start: share for start, _, share in b.attended_blocks(64)}  # ... to the blocks they copy
+    assert copied_mass.get(2 * block, 0) > 0 and copied_mass.get(6 * block, 0) > 0
     n_blocks = -(-(len(doc) + len(copied) + len(question)) // block)
     assert b.stats.kv_read_bytes_per_token == (1 + 1 + n_blocks - 12) * block * b.kv_bytes_per_token()  # sink, K, the rest
     q = np.zeros((1, b.model.config.n_heads, b.model.config.head_dim), np.float32)
@@ -855,10 +865,8 @@ def test_copies_beside_the_question_are_read_whole_where_nothing_votes(tiny_mode
     """A document too short for votes (no more candidates than K): the answer ranks the blocks
     by their key bounds, and the copies beside the question are still read, not ranked."""
     from app.engine.backend import SamplingParams
-    from app.engine.ellm_backend import EllmBackend
 
-    b = EllmBackend(tiny_model("llama", context_length=2048), n_ctx=1024, kv="k8v4", documents=True,
-                    attention=SparseConfig(mode="sparse-decode", sinks=64, window=64, top_k=2, observe=8))
+    b = _backend_with_copies(tiny_model, 2048, top_k=2)
     block = b.kv_spec.block
     doc = np.random.default_rng(4).integers(3, 2000, 3 * block).tolist()
     b.ensure_prefix(doc)
