@@ -148,11 +148,12 @@ def cmd_cache(ctx: Context) -> int:
     rows = ctx.store.kv_caches_by_use()
     report = {"total_bytes": sum(r["bytes"] for r in rows), "budget_bytes": budget.budget,
               "caches": [{"doc": r["doc_id"], "title": r["title"] or r["doc_path"], "bytes": r["bytes"],
-                          "used_at": r["used_at"], "path": r["path"]} for r in reversed(rows)],
+                          "used_at": r["used_at"], "path": str(budget.local(r["path"]))} for r in reversed(rows)],
               "memory_only": [{"doc": d["id"], "title": d["title"] or d["path"], "note": d["cache_note"]}
                               for d in ctx.store.documents() if d.get("cache_note")],
-              "deleted": [{"doc": r["doc_id"], "bytes": r["bytes"], "path": r["path"]} for r in deleted],
-              "in_use": [{"doc": r["doc_id"], "path": r["path"]} for r in busy]}
+              "deleted": [{"doc": r["doc_id"], "bytes": r["bytes"], "path": str(budget.local(r["path"]))}
+                          for r in deleted],
+              "in_use": [{"doc": r["doc_id"], "path": str(budget.local(r["path"]))} for r in busy]}
     if ctx.json:
         ctx.print_json(report)
         return 0

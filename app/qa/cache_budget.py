@@ -96,6 +96,13 @@ class CacheBudget:
         self.store, self.dir = store, Path(cache_dir)
         self.settings = settings or Settings.from_dict(store.settings())
 
+    def local(self, registered: str | os.PathLike) -> Path:
+        """The file of this data directory that a registered cache path names. The registry keeps
+        whole paths, and a data directory may have been copied or moved: its files are the ones
+        of the same name under its own cache directory, and another directory's are never
+        deleted (nor held) on its behalf."""
+        return self.dir / Path(registered).name
+
     @property
     def budget(self) -> int:
         """The budget in bytes: the setting, or the automatic one for this disk."""
@@ -158,14 +165,15 @@ class CacheBudget:
     def delete(self, row: dict) -> bool:
         """One registered cache, unless it is in use (False): its registry row first (a question
         that finds no row computes anew), then its file, while no one can take it in between."""
-        with unless_held(row["path"]) as free:
+        path = self.local(row["path"])
+        with unless_held(path) as free:
             if not free:
                 return False
             self.store.remove_kv_cache(row["doc_id"], row["cache_key"])
             try:
-                Path(row["path"]).unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
             except OSError as e:     # the registry no longer counts it; a person may remove it by hand
-                log.warning("could not delete the KV cache file %s: %s", row["path"], e.strerror or e)
+                log.warning("could not delete the KV cache file %s: %s", path, e.strerror or e)
         return True
 
 

@@ -61,7 +61,8 @@ class DocCaches:
         fp = model_fingerprint(backend.model_path)
         before, self.kept = self.kept, self.kept | doc_ids
         try:
-            with holding(r["path"] for d in doc_ids for r in self.store.kv_caches(d) if r["model"] == fp):
+            with holding(self.budget.local(r["path"]) for d in doc_ids for r in self.store.kv_caches(d)
+                         if r["model"] == fp):
                 yield
         finally:
             self.kept = before
@@ -110,8 +111,8 @@ class DocCaches:
         elif result.saved_bytes:
             for old in self.store.add_kv_cache(doc_id, key, str(file.path), model_fp, signature["kv"],
                                                len(tokens), result.saved_bytes):
-                if old != str(file.path):
-                    Path(old).unlink(missing_ok=True)
+                if self.budget.local(old) != file.path:
+                    self.budget.local(old).unlink(missing_ok=True)
         elif result.rejected:
             self._forget(doc_id, key, file.path)
         return result.status

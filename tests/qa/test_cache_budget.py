@@ -4,6 +4,8 @@ disk loses only the file being written; reading ahead's order and its share of t
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +117,35 @@ def test_a_budget_of_zero_keeps_a_read_document_in_memory_only_and_says_so(store
     backend.cache = []
     assert read_document(store, backend, doc, DocCaches(store, store_cache_dir(store))).status == READ
     assert store.document(doc)["cache_note"] is None and read_states(store, model_file) == {doc: READ}
+
+
+class ReadOtherwise(FakeBackend):
+    """Reads the same document under another cache key (as other attention settings would)."""
+
+    def cache_signature(self) -> dict:
+        return {"kv": "f16", "attention": "read otherwise"}
+
+
+def test_a_copied_data_directory_never_deletes_the_originals_caches(store, model_file, tmp_path):
+    """The registry keeps whole paths, so a copy of a data directory names the original's files:
+    replacing a cache or making room deletes the copy's own files only."""
+    doc = add_document(store, "/docs/log.txt", "Harbour Log", PAGES)
+    other = add_document(store, "/docs/b.txt", "b", ["Some text."])
+    assert read_document(store, FakeBackend(model_file, composes=True), doc,
+                         DocCaches(store, store_cache_dir(store))).status == READ
+    original = Path(store.kv_caches(doc)[0]["path"])
+    copied = tmp_path / "copy" / "cache"
+    shutil.copytree(store_cache_dir(store), copied)          # the copy's store: this one, same registry
+    caches = DocCaches(store, copied)
+    assert read_document(store, ReadOtherwise(model_file, composes=True), doc, caches).status == READ
+    assert original.exists() and not (copied / "kv" / original.name).exists()     # the copy's old one went
+    newer = Path(store.kv_caches(doc)[0]["path"])
+    assert newer.parent == copied / "kv"
+    register(store, tmp_path, other, 10, "2026-01-01T00:00:00+00:00")           # the original's, used first
+    shutil.copy(tmp_path / "cache" / "kv" / f"doc{other}.kv", copied / "kv")
+    room = CacheBudget(store, copied / "kv", Settings(cache_budget=newer.stat().st_size + 5)).make_room(1)
+    assert room.ok and [r["doc_id"] for r in room.evicted] == [other]
+    assert (tmp_path / "cache" / "kv" / f"doc{other}.kv").exists() and not (copied / "kv" / f"doc{other}.kv").exists()
 
 
 class FullDisk(FakeBackend):
