@@ -12,7 +12,8 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, 
 
 from app.qa import history
 from app.qa.conversation import Conversation
-from app.qa.cache_budget import CacheBudget, format_size
+from app.qa.cache_budget import format_size
+from app.qa.doc_cache import DocCaches
 from app.qa.history import PastAnswer
 from app.qa.reading import MEMORY_ONLY, NOT_READ, READ
 from app.qa.stream import Listeners
@@ -185,7 +186,7 @@ class MainWindow(ConversationsMixin, QMainWindow):
 
     def cache_total(self) -> str:
         """The document caches on disk against their budget, for the library's footer."""
-        budget = CacheBudget(self.session.store, self.session.paths.cache_dir)
+        budget = DocCaches(self.session.store, self.session.paths.cache_dir).budget
         total = budget.total()
         return f"Caches: {format_size(total)} of {format_size(budget.budget)}" + (
             " (automatic)" if budget.settings.cache_budget == AUTO_BUDGET else "")

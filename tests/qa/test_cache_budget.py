@@ -141,6 +141,11 @@ def test_a_copied_data_directory_never_deletes_the_originals_caches(store, model
     assert original.exists() and not (copied / "kv" / original.name).exists()     # the copy's old one went
     newer = Path(store.kv_caches(doc)[0]["path"])
     assert newer.parent == copied / "kv"
+    twin = tmp_path / "cache" / "kv" / newer.name                      # as the original registered it
+    shutil.copy(newer, twin)
+    store.conn.execute("UPDATE kv_caches SET path = ? WHERE doc_id = ?", [str(twin), doc])
+    with caches.holding(ReadOtherwise(model_file, composes=True), [doc]):     # a question in the copy
+        assert in_use(newer) and not in_use(twin)
     register(store, tmp_path, other, 10, "2026-01-01T00:00:00+00:00")           # the original's, used first
     shutil.copy(tmp_path / "cache" / "kv" / f"doc{other}.kv", copied / "kv")
     room = CacheBudget(store, copied / "kv", Settings(cache_budget=newer.stat().st_size + 5)).make_room(1)

@@ -7,6 +7,7 @@ from PySide6.QtCore import Qt
 from app.settings import KV_SETTINGS, Settings
 from app.engine.attention.config import SparseConfig
 from app.engine.kv.formats import BLOCK
+from app.qa.doc_cache import KV_SUBDIR
 from app.ui.settings_dialog import SPARSE_FIELDS
 from tests.ui.conftest import FAST
 
@@ -144,11 +145,11 @@ def test_sparse_options_show_the_engine_defaults_read_only(qtbot, window):
     assert dialog.sparse["top_k"].value() == answers.k != defaults.k
 
 
-def test_the_cache_budget_and_reading_ahead_share_round_trip_and_a_smaller_budget_prunes(qtbot, window, session,
-                                                                                          tmp_path):
+def test_the_cache_budget_and_reading_ahead_share_round_trip_and_a_smaller_budget_prunes(qtbot, window, session):
     doc = session.store.save_document({"path": "/docs/a.txt", "title": "A", "status": "ingested", "pages": 1},
                                       [(1, 0, "text")], [(1, 0, 4, "text")])
-    cache = tmp_path / "a.kv"
+    cache = session.paths.cache_dir / KV_SUBDIR / "a.kv"                # where the data directory keeps caches
+    cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_bytes(b"\0" * 4096)
     session.store.add_kv_cache(doc, "key", str(cache), "model", "f16", 10, 4096)
     dialog = open_dialog(qtbot, window)

@@ -817,8 +817,8 @@ def test_a_view_reads_the_head_and_the_copies_and_nothing_else(model, mode):
 
 
 def _backend_with_copies(tiny_model, context_length, top_k):
-    """A sparse-decode backend small enough that the copies beside a question lie outside its
-    sinks and window, with K = ``top_k`` blocks for the votes to rank."""
+    """A sparse-decode backend small enough that copies beside a question lie past its sinks
+    and begin before its window, with K = ``top_k`` blocks for the votes to rank."""
     from app.engine.ellm_backend import EllmBackend
 
     return EllmBackend(tiny_model("llama", context_length=context_length), n_ctx=1024, kv="k8v4", documents=True,
@@ -845,6 +845,7 @@ def test_the_answer_reads_every_block_laid_beside_the_question(tiny_model, conte
     assert b.state.block_mass[12] > 0 and b.state.block_mass[13] > 0    # read whole, yet credited
     copied_mass = {start: share for start, _, share in b.attended_blocks(64)}  # ... to the blocks they copy
     assert copied_mass.get(2 * block, 0) > 0 and copied_mass.get(6 * block, 0) > 0
+    assert {12 * block, 13 * block}.isdisjoint(copied_mass)
     n_blocks = -(-(len(doc) + len(copied) + len(question)) // block)
     assert b.stats.kv_read_bytes_per_token == (1 + 1 + n_blocks - 12) * block * b.kv_bytes_per_token()  # sink, K, the rest
     q = np.zeros((1, b.model.config.n_heads, b.model.config.head_dim), np.float32)
