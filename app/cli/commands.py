@@ -128,7 +128,7 @@ def cmd_cache(ctx: Context) -> int:
     """The document caches on disk against their budget; ``--budget`` stores a new budget and
     prunes at once, ``--clear`` deletes caches (qa/cache_budget.py)."""
     from app.qa.cache_budget import format_size, parse_size
-    from app.qa.doc_cache import DocCaches, store_cache_dir
+    from app.qa.doc_cache import budget_of, store_cache_dir
 
     a = ctx.args
     if a.budget is not None:
@@ -139,21 +139,20 @@ def cmd_cache(ctx: Context) -> int:
             raise CliError(f"--budget: {e}") from e
         ctx.store.set_settings({"cache_budget": size})
         ctx.store.clear_cache_notes()
-    budget = DocCaches(ctx.store, store_cache_dir(ctx.store)).budget
+    budget = budget_of(ctx.store, store_cache_dir(ctx.store))
     deleted, busy = [], []
     if a.clear or a.all:
         deleted, busy = budget.clear(None if a.all else [ctx.resolve_doc(ref)["id"] for ref in a.clear])
     if a.budget is not None:
         deleted += budget.prune()
-    rows = ctx.store.kv_caches_by_use()
+    rows = budget.caches()
     report = {"total_bytes": sum(r["bytes"] for r in rows), "budget_bytes": budget.budget,
               "caches": [{"doc": r["doc_id"], "title": r["title"] or r["doc_path"], "bytes": r["bytes"],
-                          "used_at": r["used_at"], "path": str(budget.local(r["path"]))} for r in reversed(rows)],
+                          "used_at": r["used_at"], "path": r["path"]} for r in reversed(rows)],
               "memory_only": [{"doc": d["id"], "title": d["title"] or d["path"], "note": d["cache_note"]}
                               for d in ctx.store.documents() if d.get("cache_note")],
-              "deleted": [{"doc": r["doc_id"], "bytes": r["bytes"], "path": str(budget.local(r["path"]))}
-                          for r in deleted],
-              "in_use": [{"doc": r["doc_id"], "path": str(budget.local(r["path"]))} for r in busy]}
+              "deleted": [{"doc": r["doc_id"], "bytes": r["bytes"], "path": r["path"]} for r in deleted],
+              "in_use": [{"doc": r["doc_id"], "path": r["path"]} for r in busy]}
     if ctx.json:
         ctx.print_json(report)
         return 0

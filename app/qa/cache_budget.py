@@ -103,6 +103,11 @@ class CacheBudget:
         deleted (nor held) on its behalf."""
         return self.dir / Path(registered).name
 
+    def caches(self) -> list[dict]:
+        """Every registered cache, least recently used first (``Store.kv_caches_by_use``), its
+        ``path`` the file of this data directory (``local``)."""
+        return [{**r, "path": str(self.local(r["path"]))} for r in self.store.kv_caches_by_use()]
+
     @property
     def budget(self) -> int:
         """The budget in bytes: the setting, or the automatic one for this disk."""
@@ -134,7 +139,7 @@ class CacheBudget:
                                           f"budget ({format_size(limit)}) for documents nobody opened")
         keep = set(keep)
         evicted = []
-        for row in self.store.kv_caches_by_use():
+        for row in self.caches():
             if total + need <= budget:
                 break
             if row["doc_id"] in keep or (ahead and row["opened_at"]) or not self.delete(row):
@@ -157,15 +162,16 @@ class CacheBudget:
         """Delete the caches of ``doc_ids`` (None: all); (deleted, kept because in use)."""
         wanted = None if doc_ids is None else set(doc_ids)
         deleted, busy = [], []
-        for row in self.store.kv_caches_by_use():
+        for row in self.caches():
             if wanted is None or row["doc_id"] in wanted:
                 (deleted if self.delete(row) else busy).append(row)
         return deleted, busy
 
     def delete(self, row: dict) -> bool:
-        """One registered cache, unless it is in use (False): its registry row first (a question
-        that finds no row computes anew), then its file, while no one can take it in between."""
-        path = self.local(row["path"])
+        """One registered cache (a row of ``caches``), unless it is in use (False): its registry row
+        first (a question that finds no row computes anew), then its file, while no one can take
+        it in between."""
+        path = Path(row["path"])
         with unless_held(path) as free:
             if not free:
                 return False

@@ -44,13 +44,18 @@ def store_cache_dir(store: Store) -> Path:
     return Path(store.path).parent / "cache"
 
 
+def budget_of(store: Store, cache_dir: Path, settings: Settings | None = None) -> CacheBudget:
+    """The budget of the document caches a data directory keeps under ``cache_dir``."""
+    return CacheBudget(store, Path(cache_dir) / KV_SUBDIR, settings)
+
+
 class DocCaches:
     """The KV cache files of one data directory, registered in the store (``kv_caches``)."""
 
     def __init__(self, store: Store, cache_dir: Path, settings: Settings | None = None):
         self.store = store
-        self.dir = Path(cache_dir) / KV_SUBDIR
-        self.budget = CacheBudget(store, self.dir, settings)
+        self.budget = budget_of(store, cache_dir, settings)
+        self.dir = self.budget.dir
         self.kept: set[int] = set()     # documents a question is about now: room is never made from them
 
     @contextmanager
@@ -61,8 +66,7 @@ class DocCaches:
         fp = model_fingerprint(backend.model_path)
         before, self.kept = self.kept, self.kept | doc_ids
         try:
-            with holding(self.budget.local(r["path"]) for d in doc_ids for r in self.store.kv_caches(d)
-                         if r["model"] == fp):
+            with holding(r["path"] for r in self.budget.caches() if r["doc_id"] in doc_ids and r["model"] == fp):
                 yield
         finally:
             self.kept = before
@@ -109,10 +113,11 @@ class DocCaches:
         if result.source in ("file", "memory") and file.exists:
             self.touch(doc_id, file)
         elif result.saved_bytes:
-            for old in self.store.add_kv_cache(doc_id, key, str(file.path), model_fp, signature["kv"],
-                                               len(tokens), result.saved_bytes):
-                if self.budget.local(old) != file.path:
-                    self.budget.local(old).unlink(missing_ok=True)
+            for registered in self.store.add_kv_cache(doc_id, key, str(file.path), model_fp, signature["kv"],
+                                                      len(tokens), result.saved_bytes):
+                old = self.budget.local(registered)
+                if old != file.path:
+                    old.unlink(missing_ok=True)
         elif result.rejected:
             self._forget(doc_id, key, file.path)
         return result.status

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QFileDialog, QMainWindow, QMessageBox, QSplitter, 
 from app.qa import history
 from app.qa.conversation import Conversation
 from app.qa.cache_budget import format_size
-from app.qa.doc_cache import DocCaches
+from app.qa.doc_cache import budget_of
 from app.qa.history import PastAnswer
 from app.qa.reading import MEMORY_ONLY, NOT_READ, READ
 from app.qa.stream import Listeners
@@ -186,7 +186,7 @@ class MainWindow(ConversationsMixin, QMainWindow):
 
     def cache_total(self) -> str:
         """The document caches on disk against their budget, for the library's footer."""
-        budget = DocCaches(self.session.store, self.session.paths.cache_dir).budget
+        budget = budget_of(self.session.store, self.session.paths.cache_dir)
         total = budget.total()
         return f"Caches: {format_size(total)} of {format_size(budget.budget)}" + (
             " (automatic)" if budget.settings.cache_budget == AUTO_BUDGET else "")

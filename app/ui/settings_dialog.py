@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
 
 from app.runtime.auto import AUTO, SMALL_KV
 from app.qa.cache_budget import format_size
-from app.qa.doc_cache import DocCaches
+from app.qa.doc_cache import budget_of
 from app.settings import ATTENTION, AUTO_BUDGET, ENGINES, KV_SETTINGS, NUMA_POLICIES, Settings
 from app.ui.widgets import info_label
 from app.ui.workers import Job, start
@@ -234,7 +234,7 @@ class SettingsDialog(QDialog):
         self.cache_budget.setObjectName("cacheBudget")
         self.cache_budget.setDecimals(1)
         self.cache_budget.setSuffix(" GiB")
-        budget = DocCaches(self.session.store, self.session.paths.cache_dir, Settings()).budget   # the automatic one
+        budget = budget_of(self.session.store, self.session.paths.cache_dir, Settings())   # the automatic one
         self.cache_budget.setSpecialValueText(f"automatic ({format_size(budget.budget)}: a share of the disk)")
         self.read_ahead_share = QSpinBox()
         self.read_ahead_share.setObjectName("readAheadShare")
@@ -370,7 +370,7 @@ class SettingsDialog(QDialog):
             return self._fail(f"cannot save the settings ({e})")
         if s.cache_budget != self._base.cache_budget:     # a smaller budget applies at once
             self.session.store.clear_cache_notes()
-            DocCaches(self.session.store, self.session.paths.cache_dir, s).budget.prune()
+            budget_of(self.session.store, self.session.paths.cache_dir, s).prune()
         self.accept()
         return True
 
