@@ -40,7 +40,7 @@ def three(store, tmp_path):
     return docs, paths
 
 
-def budget_of(store, tmp_path, nbytes: int, share: float = 0.5) -> CacheBudget:
+def budget_with(store, tmp_path, nbytes: int, share: float = 0.5) -> CacheBudget:
     return CacheBudget(store, tmp_path / "cache" / "kv", Settings(cache_budget=nbytes, read_ahead_share=share))
 
 
@@ -62,7 +62,7 @@ def test_the_automatic_budget_is_a_quarter_of_the_disk_and_half_of_what_caches_c
 
 def test_room_is_made_by_deleting_the_least_recently_used_first(store, tmp_path, three):
     docs, paths = three
-    room = budget_of(store, tmp_path, 300).make_room(150)
+    room = budget_with(store, tmp_path, 300).make_room(150)
     assert room.ok and [r["doc_id"] for r in room.evicted] == docs[:2]          # a (oldest), then b
     assert [os.path.exists(p) for p in paths] == [False, False, True]
     assert [r["doc_id"] for r in store.kv_caches()] == [docs[2]]
@@ -71,7 +71,7 @@ def test_room_is_made_by_deleting_the_least_recently_used_first(store, tmp_path,
 
 def test_a_cache_in_use_is_never_deleted_and_the_documents_own_cache_is_kept(store, tmp_path, three):
     docs, paths = three
-    budget = budget_of(store, tmp_path, 350)
+    budget = budget_with(store, tmp_path, 350)
     with holding([paths[0]]):                   # a question reads a's cache
         assert in_use(paths[0]) and not in_use(paths[1])
         room = budget.make_room(150, keep=[docs[1]])     # room for b's new cache
@@ -82,7 +82,7 @@ def test_a_cache_in_use_is_never_deleted_and_the_documents_own_cache_is_kept(sto
 
 def test_when_the_caches_in_use_fill_the_budget_nothing_is_written(store, tmp_path, three):
     docs, paths = three
-    budget = budget_of(store, tmp_path, 300)
+    budget = budget_with(store, tmp_path, 300)
     with holding(paths[:2]):
         room = budget.make_room(250)
     assert not room.ok and [r["doc_id"] for r in room.evicted] == [docs[2]]
@@ -92,12 +92,12 @@ def test_when_the_caches_in_use_fill_the_budget_nothing_is_written(store, tmp_pa
 
 def test_a_smaller_budget_prunes_and_clear_keeps_what_is_in_use(store, tmp_path, three):
     docs, paths = three
-    assert [r["doc_id"] for r in budget_of(store, tmp_path, 150).prune()] == docs[:2]
+    assert [r["doc_id"] for r in budget_with(store, tmp_path, 150).prune()] == docs[:2]
     assert store.kv_cache_bytes() == 100
     with holding([paths[2]]):
-        deleted, busy = budget_of(store, tmp_path, 150).clear()
+        deleted, busy = budget_with(store, tmp_path, 150).clear()
     assert (deleted, [r["doc_id"] for r in busy]) == ([], [docs[2]])
-    deleted, busy = budget_of(store, tmp_path, 150).clear([docs[2]])
+    deleted, busy = budget_with(store, tmp_path, 150).clear([docs[2]])
     assert [r["doc_id"] for r in deleted] == [docs[2]] and busy == [] and store.kv_caches() == []
 
 

@@ -128,7 +128,7 @@ def _selection(cache, layer, q, pos0, state: AttentionState, cos, sin, neox) -> 
         ns = old.blocks.shape[1]
         qpos = (ns - 1) * cache.block + pos0 % cache.block if old.compressed else pos0
         return Selection(old.blocks, old.place, np.array([qpos], np.int64), old.compressed, old.retrieved,
-                         old.ranked, old.credited)
+                         old.ranked, old.read_whole)
     sel = select(cache, layer, q, pos0, state, cos, sin, neox)
     state.selection[layer] = (pos0, sel)
     return sel

@@ -53,13 +53,13 @@ class Selection:
     compressed: bool
     retrieved: tuple[int, int] = (0, 0)   # columns of ``blocks`` chosen by ranking (not sinks/window)
     ranked: bool = False                  # some blocks were left out
-    credited: tuple[int, int] | None = None   # columns whose attention mass an answer credits
-                                              # (state.block_mass): ``retrieved``, or from it to the end
-                                              # where everything from state.read_from on is read
+    read_whole: bool = False              # everything from state.read_from on is read (the copies)
 
     @property
     def credit(self) -> tuple[int, int]:
-        return self.retrieved if self.credited is None else self.credited
+        """Columns whose attention mass an answer credits (state.block_mass): ``retrieved``, and
+        with ``read_whole`` every column from it to the end."""
+        return (self.retrieved[0], self.blocks.shape[1]) if self.read_whole else self.retrieved
 
 
 # ---- Selection ------------------------------------------------------------------------------
@@ -146,8 +146,7 @@ def select(cache: BlockKVCache, layer: int, q: np.ndarray, pos0: int, state: Att
     _assemble(top, n_sink, first_local, n_blocks, n_chosen, ranked, compressed, late, B, pos0, blocks, place, qpos)
     # The copies beside the question are passages of the document: their mass counts for the
     # answer's citations (the question's and the answer's own blocks are left out by the caller).
-    credited = (n_sink, ns) if read_whole else None
-    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked, credited)
+    return Selection(blocks, place, qpos, compressed, (n_sink, n_sink + n_chosen), ranked, read_whole)
 
 
 def view_head(view: tuple[int, int], cfg: SparseConfig, B: int) -> int:
